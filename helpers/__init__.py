@@ -1,0 +1,24 @@
+"""distributed-gallery helpers: the notebook launcher, offline data sets, and the gallery runner."""
+
+from helpers.context import WorkerContext, worker_context
+from helpers.launcher import (
+    DistributedFunction,
+    LaunchError,
+    LaunchOptions,
+    RankFailedError,
+    distributed,
+    launch,
+)
+from helpers.metrics import record_metrics
+
+__all__ = [
+    "DistributedFunction",
+    "LaunchError",
+    "LaunchOptions",
+    "RankFailedError",
+    "WorkerContext",
+    "distributed",
+    "launch",
+    "record_metrics",
+    "worker_context",
+]

@@ -1,0 +1,41 @@
+"""What a rank needs to know about itself, read from the standard torch elastic environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str
+    device: str  # "cuda:<local_rank>" or "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def worker_context() -> WorkerContext:
+    """This rank's place in the job: works under our launcher, torchrun, or in-process (rank 0 of 1).
+
+    The backend is the launcher's choice (nccl with one GPU per rank, gloo on CPU) unless overridden,
+    so a notebook can pass `ctx.backend` and `ctx.device` to the real torch calls it makes.
+    """
+    import torch
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = os.environ.get("HELPERS_DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+    return WorkerContext(
+        rank=int(os.environ.get("RANK", "0")),
+        local_rank=local_rank,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        backend=backend,
+        device=device,
+    )
