@@ -74,7 +74,7 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class LaunchPlan:
     processes: int
     device: str
     backend: str
@@ -87,7 +87,7 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def plan_launch(options: LaunchOptions) -> _Plan:
+def plan_launch(options: LaunchOptions) -> LaunchPlan:
     """Turn the user's options into a concrete (processes, device, backend), or say what to change."""
     device = options.device
     if device not in ("auto", "cuda", "cpu"):
@@ -124,7 +124,7 @@ def plan_launch(options: LaunchOptions) -> _Plan:
             f"start_method={options.start_method!r}: use 'forkserver' (fast re-runs) or 'spawn'. "
             "'fork' is refused: forking a kernel that has touched CUDA breaks the children."
         )
-    return _Plan(processes=processes, device=device, backend=backend)
+    return LaunchPlan(processes=processes, device=device, backend=backend)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -134,7 +134,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: _Plan, threads: int | None) -> bytes:
+def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: LaunchPlan, threads: int | None) -> bytes:
     payload = {
         "fn": fn, "args": args, "kwargs": kwargs, "backend": plan.backend, "device": plan.device,
         "threads": threads, "env": dict(os.environ), "sys_path": list(sys.path), "cwd": os.getcwd(),
@@ -293,6 +293,10 @@ class DistributedFunction(Generic[P, R]):
                 f"unknown launch option(s) {sorted(unknown)}; known: {sorted(LaunchOptions.__dataclass_fields__)}"
             )
         return DistributedFunction(self._fn, replace(self._options, **changes))
+
+    def plan(self) -> LaunchPlan:
+        """What `.distributed()` would start here: (processes, device, backend), checked."""
+        return plan_launch(self._options)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run in this process as rank 0 of a world of 1, for debugging with the same code."""

@@ -1,0 +1,82 @@
+"""Execute notebooks with papermill and read back what they recorded.
+
+Shared by the gallery runner, the tests and `make notebooks`, so that a notebook runs the same way
+everywhere: the `python3` kernel of the current environment, the notebook's own folder as the working
+directory, and parameters checked against the notebook's `parameters` cell before anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from helpers.metrics import METADATA_KEY
+
+KERNEL_NAME = "python3"
+
+
+def notebook_parameters(path: str | Path) -> dict[str, Any]:
+    """The names and default values of the notebook's `parameters` cell (plain literals only)."""
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if not cells:
+        raise ValueError(f"{path} has no code cell tagged 'parameters': tag one so papermill can inject values.")
+    values: dict[str, Any] = {}
+    for node in ast.parse(cells[0].source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values[node.targets[0].id] = ast.literal_eval(node.value)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            values[node.target.id] = ast.literal_eval(node.value)
+    return values
+
+
+def check_parameters(path: str | Path, parameters: dict[str, Any]) -> None:
+    """Refuse a parameter the notebook does not declare: papermill would inject it and silently ignore it."""
+    declared = notebook_parameters(path)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise ValueError(
+            f"{Path(path).name} has no parameter(s) {unknown}; it declares: {sorted(declared)}."
+        )
+
+
+def execute_notebook(src: str | Path, dst: str | Path, parameters: dict[str, Any] | None = None,
+                     timeout: int = 900, progress: bool = False) -> nbformat.NotebookNode:
+    """Run `src` into `dst`. Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
+    import papermill as pm
+
+    parameters = parameters or {}
+    check_parameters(src, parameters)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    return pm.execute_notebook(
+        str(src), str(dst), parameters=parameters, kernel_name=KERNEL_NAME,
+        cwd=str(Path(src).resolve().parent), progress_bar=progress, execution_timeout=timeout,
+        log_output=False, request_save_on_cell_execute=True,
+    )
+
+
+def read_metrics(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
+    """Every metric the notebook recorded with `helpers.record_metrics`, later values winning."""
+    if not isinstance(nb, nbformat.NotebookNode):
+        nb = nbformat.read(str(nb), as_version=4)
+    metrics: dict[str, Any] = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            meta = out.get("metadata", {}).get(METADATA_KEY)
+            if meta:
+                metrics.update(meta.get("metrics", {}))
+    return metrics
+
+
+def first_error(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any] | None:
+    """The first cell that raised: its index, exception name and value (for reports)."""
+    if not isinstance(nb, nbformat.NotebookNode):
+        nb = nbformat.read(str(nb), as_version=4)
+    for index, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return {"cell": index, "ename": out.get("ename"), "evalue": out.get("evalue")}
+    return None
