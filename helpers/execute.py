@@ -80,3 +80,34 @@ def first_error(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any] | None
             if out.get("output_type") == "error":
                 return {"cell": index, "ename": out.get("ename"), "evalue": out.get("evalue")}
     return None
+
+
+def store_outputs(path: str | Path, timeout: int = 1800) -> nbformat.NotebookNode:
+    """Re-execute a notebook at its defaults and store the outputs in place (what nbval compares).
+
+    Uses nbclient rather than papermill so the stored file carries no papermill metadata or injected
+    cell: it stays the clean source a reader opens. On failure nothing is overwritten.
+    """
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(str(path), as_version=4)
+    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=timeout,
+                            resources={"metadata": {"path": str(path.resolve().parent)}})
+    client.execute()
+    errors = first_error(nb)
+    if errors:
+        raise RuntimeError(f"{path.name}: cell {errors['cell']} raised {errors['ename']}: {errors['evalue']}")
+    nbformat.write(nb, str(path))
+    return nb
+
+
+if __name__ == "__main__":
+    import sys
+
+    targets = sys.argv[1:]
+    if not targets or targets[0] != "--store" or len(targets) < 2:
+        raise SystemExit("usage: python -m helpers.execute --store NOTEBOOK.ipynb [...]")
+    for target in targets[1:]:
+        print(f"executing {target} and storing its outputs", flush=True)
+        store_outputs(target)

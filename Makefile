@@ -1,0 +1,49 @@
+# The two commands of the README: `make run` (the gallery) and `make test` (the tests).
+# Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
+ARGS ?=
+
+.PHONY: run test unit nbval notebooks bench lint venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+## run: execute every notebook into runs/<stamp>/ and write the summary (ARGS="01 -p processes=1")
+run: $(STAMP)
+	$(BIN)/python -m helpers.gallery $(ARGS)
+
+## test: lint, unit and launcher tests, papermill parameter runs, nbval over the stored notebooks
+test: $(STAMP)
+	$(BIN)/ruff check helpers tests benchmarks notebooks
+	$(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) tests notebooks $(ARGS)
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) notebooks $(ARGS)
+
+## notebooks: re-execute notebooks at their defaults and store the outputs (NB="notebooks/01_ddp_mlp.ipynb")
+NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
+notebooks: $(STAMP)
+	$(BIN)/python -m helpers.execute --store $(NB)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/launch_latency.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check helpers tests benchmarks notebooks
+
+clean-venv:
+	rm -rf $(VENV)
