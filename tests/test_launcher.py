@@ -1,0 +1,316 @@
+"""The launcher's contract: results, errors, interrupts, restarts and argument checks, on CPU with gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import helpers.launcher as launcher
+from helpers import LaunchError, RankFailedError, distributed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, seconds=15.0) -> list[int]:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@distributed(processes=2)
+def allreduce_rank(offset):
+    import torch
+    import torch.distributed as dist
+
+    from helpers import worker_context
+
+    ctx = worker_context()
+    dist.init_process_group(ctx.backend)
+    t = torch.tensor([float(ctx.rank + offset)])
+    dist.all_reduce(t)
+    print(f"rank {ctx.rank} of {ctx.world_size} sum {t.item()}")
+    return {"rank": ctx.rank, "sum": t.item(), "env": {k: os.environ[k] for k in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}}
+
+
+def test_results_in_rank_order_with_elastic_environment(capsys):
+    results = allreduce_rank.distributed(10)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == 21.0 for r in results)
+    env0, env1 = results[0]["env"], results[1]["env"]
+    assert (env0["RANK"], env1["RANK"]) == ("0", "1")
+    assert env0["WORLD_SIZE"] == env0["LOCAL_WORLD_SIZE"] == "2"
+    assert env0["MASTER_ADDR"] == "127.0.0.1"
+    out = capsys.readouterr().out
+    # Every rank's line arrived in the caller's stdout, whole and prefixed.
+    assert "[rank0] rank 0 of 2 sum 21.0\n" in out
+    assert "[rank1] rank 1 of 2 sum 21.0\n" in out
+
+
+def test_two_launches_in_a_row_use_fresh_ports():
+    first = allreduce_rank.distributed(0)
+    second = allreduce_rank.distributed(1)
+    assert [r["sum"] for r in first] == [1.0, 1.0]
+    assert [r["sum"] for r in second] == [3.0, 3.0]
+    assert first[0]["env"]["MASTER_PORT"] != second[0]["env"]["MASTER_PORT"]
+
+
+def test_in_process_call_is_rank_zero_of_one():
+    result = allreduce_rank(5)
+    assert result["rank"] == 0 and result["sum"] == 5.0
+    assert result["env"]["WORLD_SIZE"] == "1"
+    assert "RANK" not in os.environ or os.environ["RANK"] == result["env"]["RANK"]
+
+
+def test_closure_and_driver_environment_reach_the_workers(monkeypatch):
+    scale = 7
+
+    class Box:  # a class defined inside a function travels by value, like a notebook cell's
+        def __init__(self, v):
+            self.v = v
+
+    def make(factor):
+        @distributed(processes=2)
+        def work(x):
+            return Box(x * factor * scale), os.environ.get("GALLERY_TEST_MARK")
+
+        return work
+
+    monkeypatch.setenv("GALLERY_TEST_MARK", "set-after-the-forkserver-started")
+    results = make(3).distributed(2)
+    assert [b.v for b, _ in results] == [42, 42]
+    assert {mark for _, mark in results} == {"set-after-the-forkserver-started"}
+
+
+def test_large_arguments_do_not_block():
+    big = np.arange(4_000_000, dtype=np.float64)  # 32 MB, far past a pipe's 64 KB buffer
+
+    @distributed(processes=2)
+    def total(a):
+        return float(a.sum()), a.nbytes
+
+    results = total.distributed(big)
+    assert results == [(float(big.sum()), big.nbytes)] * 2
+
+
+class CustomError(Exception):
+    def __init__(self, code, detail):  # two required arguments: cannot be rebuilt from a message
+        super().__init__(code, detail)
+        self.code = code
+
+
+def test_failing_rank_raises_original_type_with_rank_and_traceback(tmp_path):
+    @distributed(processes=2)
+    def fail_on_one(pid_dir):
+        import torch.distributed as dist
+
+        from helpers import worker_context
+
+        ctx = worker_context()
+        Path(pid_dir, str(ctx.rank)).write_text(str(os.getpid()))
+        dist.init_process_group(ctx.backend)
+        if ctx.rank == 1:
+            time.sleep(0.5)
+            raise ValueError("the data on rank one is bad")
+        time.sleep(120)  # rank 0 would hang for two minutes: it must be stopped instead
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        fail_on_one.distributed(str(tmp_path))
+    assert time.perf_counter() - start < 30
+    message = str(info.value)
+    assert "rank 1 of 2" in message
+    assert "the data on rank one is bad" in message
+    assert "remote traceback" in message and "fail_on_one" in message
+    assert info.value.rank == 1
+    pids = [int(p.read_text()) for p in tmp_path.iterdir()]
+    assert len(pids) == 2 and not _wait_gone(pids)
+
+
+def test_exception_that_cannot_be_rebuilt_keeps_type_and_gets_a_note():
+    @distributed(processes=2)
+    def fail():
+        if os.environ["RANK"] == "0":
+            raise CustomError(7, "detail")
+        return 1
+
+    with pytest.raises(CustomError) as info:
+        fail.distributed()
+    assert info.value.code == 7
+    assert any("rank 0 of 2" in note for note in info.value.__notes__)
+
+
+def test_rank_killed_by_signal_is_reported_as_such():
+    @distributed(processes=2)
+    def die():
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+
+    with pytest.raises(RankFailedError, match="SIGKILL") as info:
+        die.distributed()
+    assert info.value.rank == 1
+
+
+def test_max_restarts_restarts_the_group():
+    @distributed(processes=2, max_restarts=1)
+    def flaky():
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and os.environ["RANK"] == "0":
+            raise RuntimeError("first attempt fails")
+        return attempt
+
+    assert flaky.distributed() == [1, 1]
+    with pytest.raises(RuntimeError, match="first attempt fails"):
+        flaky.options(max_restarts=0).distributed()
+
+
+def test_unserialisable_return_value_names_the_fix():
+    @distributed(processes=2)
+    def returns_lock():
+        return threading.Lock()
+
+    with pytest.raises(TypeError, match="cannot be serialised.*Return plain Python values"):
+        returns_lock.distributed()
+
+
+@pytest.mark.parametrize(
+    "processes, fix",
+    [(0, "at least 1"), (-2, "at least 1"), (1.5, "whole number"), ("2", "whole number"), (True, "whole number")],
+)
+def test_bad_process_counts_fail_before_any_process(monkeypatch, processes, fix):
+    monkeypatch.setattr(launcher, "_serialise_payload", _must_not_run)
+    with pytest.raises(LaunchError, match=fix):
+        distributed(processes=processes)(print).distributed()
+
+
+def test_more_gpus_than_exist(monkeypatch):
+    monkeypatch.setattr(launcher, "_gpu_count", lambda: 1)
+    monkeypatch.setattr(launcher, "_serialise_payload", _must_not_run)
+    with pytest.raises(LaunchError, match=r"this machine has 1 GPU.*processes=1.*device='cpu'"):
+        distributed(processes=2)(print).distributed()
+    assert distributed(processes=2, device="cpu")(print).plan().processes == 2
+    assert distributed()(print).plan() == launcher.LaunchPlan(1, "cuda", "nccl")
+
+
+def test_cuda_without_gpu_and_unknown_options(monkeypatch):
+    monkeypatch.setattr(launcher, "_gpu_count", lambda: 0)
+    with pytest.raises(LaunchError, match="no usable GPU"):
+        distributed(device="cuda")(print).plan()
+    with pytest.raises(LaunchError, match="unknown launch option"):
+        distributed(proceses=2)
+    with pytest.raises(LaunchError, match="'fork' is refused"):
+        distributed(start_method="fork")(print).plan()
+    assert distributed()(print).plan() == launcher.LaunchPlan(2, "cpu", "gloo")
+
+
+def test_unpicklable_argument_fails_before_launch(monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("elastic_launch must not be reached")
+
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", no_launch)
+    with pytest.raises(LaunchError, match=r"argument 0 \(lock\) cannot be sent"):
+        distributed(processes=2)(print).distributed(threading.Lock())
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("argument checks must fail before the payload is built")
+
+
+INTERRUPT_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    from helpers import distributed
+
+    pid_dir = Path(sys.argv[1])
+
+    @distributed(processes=2)
+    def sleeper(pid_dir):
+        Path(pid_dir, os.environ["RANK"]).write_text(str(os.getpid()))
+        print("started", flush=True)
+        time.sleep(120)
+
+    def interrupt_when_started():
+        while len(list(pid_dir.iterdir())) < 2:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)   # what a Jupyter "interrupt kernel" does
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    outcome = None
+    start = time.time()
+    try:
+        sleeper.distributed(str(pid_dir))
+    except KeyboardInterrupt as e:
+        outcome = f"KeyboardInterrupt: {e}"
+    stopped_in = time.time() - start
+    handler_restored = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    @distributed(processes=2)
+    def again():
+        return int(os.environ["RANK"])
+
+    print(json.dumps({"outcome": outcome, "handler_restored": handler_restored,
+                      "again": again.distributed(), "stopped_in": stopped_in}))
+    """
+)
+
+
+def test_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path):
+    script = tmp_path / "interrupt.py"
+    script.write_text(INTERRUPT_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(pid_dir)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["outcome"] and report["outcome"].startswith("KeyboardInterrupt")
+    assert report["handler_restored"]
+    assert report["again"] == [0, 1]
+    assert report["stopped_in"] < 30
+    pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+    assert len(pids) == 2 and not _wait_gone(pids)
+
+
+def test_script_main_module_is_not_rerun_in_workers(tmp_path):
+    """`python train.py` without a __main__ guard must not execute train.py again in every rank."""
+    script = tmp_path / "unguarded.py"
+    marker = tmp_path / "imports"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        from helpers import distributed
+        with open({str(marker)!r}, "a") as f:
+            f.write(str(os.getpid()) + "\\n")
+        print(distributed(processes=2)(lambda: int(os.environ["RANK"])).distributed())
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("[0, 1]")
+    assert len(marker.read_text().split()) == 1
