@@ -71,6 +71,10 @@ class LaunchOptions:
     threads_per_process: int | None = None  # None: the CPU cores shared out between CPU ranks
     log_dir: str | None = None  # keep each launch's per-rank logs here (default: removed afterwards)
     prefix: str = "[rank${rank}] "
+    # None: this machine (torch elastic). "ray": Ray Train workers on the ray.init() of this process, else on
+    # a private local Ray instance started and stopped around the call; "auto" or an address such as
+    # "ray://head:10001": that Ray cluster. See helpers.ray_launcher for what differs on a cluster.
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,12 +164,21 @@ def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: LaunchPlan
 _FORKSERVER_READY = False
 
 
-def _prepare_forkserver() -> None:
-    """Ask the forkserver to import torch (through the worker module) once, before its first fork."""
+def _prepare_forkserver(start_now: bool = False) -> None:
+    """Ask the forkserver to import torch (through the worker module) once, before its first fork.
+
+    With start_now, the server process starts at once and imports torch while the notebook goes on
+    (the decorator calls this), so the first launch a few cells later finds it warm.
+    """
     global _FORKSERVER_READY
     if not _FORKSERVER_READY:
         multiprocessing.get_context("forkserver").set_forkserver_preload(["helpers._worker"])
         _FORKSERVER_READY = True
+    if start_now:
+        from multiprocessing import forkserver
+
+        with contextlib.suppress(Exception):  # a failure here only costs the head start
+            forkserver.ensure_running()
 
 
 @contextlib.contextmanager
@@ -334,6 +347,10 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict | None = None,
 
     options = options or LaunchOptions()
     kwargs = kwargs or {}
+    if options.cluster is not None:  # Ray Train workers; it checks its arguments and the payload first
+        from helpers.ray_launcher import launch_on_ray
+
+        return launch_on_ray(fn, args, kwargs, options, verbose=verbose)
     plan = plan_launch(options)
     threads = options.threads_per_process
     if threads is None and plan.device == "cpu":
@@ -397,6 +414,8 @@ def distributed(fn: Callable[P, R] | None = None, **options: Any) -> Any:
             f"unknown launch option(s) {sorted(unknown)}; known: {sorted(LaunchOptions.__dataclass_fields__)}"
         )
     opts = LaunchOptions(**options)
+    if opts.start_method == "forkserver" and multiprocessing.current_process().name == "MainProcess":
+        _prepare_forkserver(start_now=True)
 
     def wrap(f: Callable[P, R]) -> DistributedFunction[P, R]:
         return DistributedFunction(f, opts)
