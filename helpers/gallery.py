@@ -1,31 +1,46 @@
-"""Run the whole gallery (or some notebooks) as one job and write a summary.
+"""Run the whole gallery (or some notebooks) as one job: executed notebooks, an HTML report, tracking.
 
     python -m helpers.gallery                              # every notebook, default parameters
     python -m helpers.gallery 01 04 -p processes=8         # by number or name; a parameter for all
     python -m helpers.gallery -p 04_fsdp_transformer:steps=5000 -p epochs=3
+    python -m helpers.gallery --baseline runs/<stamp>      # run, then compare with an earlier run
+    python -m helpers.gallery --compare runs/<A> runs/<B>  # compare two runs, run nothing
 
 A parameter given as NAME=VALUE goes to every selected notebook that declares NAME; NOTEBOOK:NAME=VALUE
-to that notebook only (an error if it does not declare it). Values are Python literals, else strings.
-Everything is checked before the first notebook starts. A failing notebook does not stop the others;
-the exit status is 0 only when all passed. Output: runs/<stamp>/ with the executed notebooks,
-summary.json and summary.md.
+to that notebook only (an error if it does not declare it), and wins over NAME=VALUE. Values are Python
+literals, else strings. Everything is checked before the first notebook starts. A failing notebook does
+not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed).
+
+Output: runs/<stamp>/ with notebooks/<nb>.ipynb (executed) and .html (rendered), figures/<nb>.png (main
+figures), index.html (the report: open it in a browser), summary.json, summary.md, and the MLflow store
+mlflow.db + mlartifacts/ (`mlflow ui --backend-store-uri sqlite:///runs/<stamp>/mlflow.db`). The report
+and summary are rewritten after every notebook, so a long run can be watched.
+
+The kernel of each notebook gets GALLERY_RUN_ID, GALLERY_RUN_DIR, GALLERY_NOTEBOOK and
+GALLERY_TRACKING_URI (or GALLERY_TRACKING=off), read by `helpers.record_metrics`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers.execute import execute_notebook, first_error, notebook_parameters, read_metrics
+import nbformat
+
+from helpers import tracking
+from helpers.execute import KERNEL_NAME, check_parameters, first_error, notebook_parameters
+from helpers.metrics import METADATA_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -34,12 +49,17 @@ NOTEBOOKS_DIR = ROOT / "notebooks"
 @dataclass
 class NotebookResult:
     notebook: str
-    status: str  # "passed" or "failed"
-    seconds: float
-    parameters: dict[str, Any]
+    status: str  # "passed", "failed" or "pending" (not run yet)
+    seconds: float | None
+    parameters: dict[str, Any]  # given on the command line
     metrics: dict[str, Any] = field(default_factory=dict)
-    output: str = ""
-    error: dict[str, Any] | None = None
+    output: str = ""  # the executed notebook, relative to the run folder
+    error: dict[str, Any] | None = None  # cell, ename, evalue, anchor (in the HTML)
+    all_parameters: dict[str, Any] = field(default_factory=dict)  # defaults + given
+    html: str | None = None
+    figure: str | None = None
+    host: dict[str, Any] = field(default_factory=dict)  # what the notebook's driver saw
+    tracking: dict[str, Any] | None = None  # MLflow run_id, experiment_id
 
 
 def _literal(text: str) -> Any:
@@ -111,83 +131,266 @@ def host_info() -> dict[str, Any]:
     }
 
 
+class CellProgress:
+    """Shows which notebook and which cell is running: one updating line on a terminal, a line per code
+    cell in a log. Used as nbclient's on_notebook_start / on_cell_start hooks (through papermill)."""
+
+    def __init__(self, label: str, stream: Any = None, tty: bool | None = None):
+        self.label = label
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.total = 0
+        self.start = time.perf_counter()
+
+    def notebook_start(self, notebook: Any = None, **_: Any) -> None:
+        self.total = len(notebook.cells) if notebook is not None else 0
+
+    def cell_start(self, cell: Any = None, cell_index: int = 0, **_: Any) -> None:
+        if cell is None or cell.cell_type != "code" or not cell.source.strip():
+            return
+        first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
+        first = first if len(first) <= 60 else first[:57] + "..."
+        text = (f"    {self.label} cell {cell_index + 1}/{self.total or '?'} "
+                f"[{time.perf_counter() - self.start:5.0f} s] {first}")
+        if self.tty:
+            self.stream.write("\r\033[K" + text[: max(20, _columns() - 1)])
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _columns() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((100, 20)).columns
+
+
+def execute_with_progress(src: Path, dst: Path, parameters: dict[str, Any], timeout: int,
+                          progress: CellProgress | None) -> None:
+    """helpers.execute.execute_notebook's papermill call (same kernel, cwd and checks) plus per-cell hooks.
+    Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
+    import papermill as pm
+
+    check_parameters(src, parameters)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    hooks = {"on_notebook_start": progress.notebook_start, "on_cell_start": progress.cell_start} if progress else {}
+    try:
+        pm.execute_notebook(
+            str(src), str(dst), parameters=parameters, kernel_name=KERNEL_NAME, cwd=str(src.resolve().parent),
+            progress_bar=False, execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
+            **hooks,
+        )
+    finally:
+        if progress:
+            progress.close()
+
+
+def record_metadata(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
+    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure, tracking)."""
+    if not isinstance(nb, nbformat.NotebookNode):
+        nb = nbformat.read(str(nb), as_version=4)
+    meta: dict[str, Any] = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            found = out.get("metadata", {}).get(METADATA_KEY)
+            if found:
+                for key, value in found.items():
+                    if isinstance(value, dict):
+                        meta.setdefault(key, {}).update(value)
+                    else:
+                        meta[key] = value
+    return meta
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables for the kernels started inside, then restore."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _track_after(result: NotebookResult, run_dir: Path, tracking_uri: str | None) -> None:
+    """Attach the executed notebook and its HTML to the notebook's MLflow run; a notebook that never
+    reached record_metrics (it failed) still gets a run, marked FAILED, with its parameters and error."""
+    if tracking_uri is None:
+        return
+    files = [run_dir / p for p in (result.output, result.html) if p and (run_dir / p).exists()]
+    if result.tracking and result.tracking.get("run_id"):
+        tracking.attach_artifacts(result.tracking["run_id"], files, tracking_uri)
+        return
+    tags = {}
+    if result.error:
+        tags["gallery.error"] = f"{result.error.get('ename')}: {result.error.get('evalue')}"[:5000]
+    figure = run_dir / result.figure if result.figure else None
+    result.tracking = tracking.log_notebook_run(
+        metrics=result.metrics, params=result.all_parameters, tracking_uri=tracking_uri, notebook=result.notebook,
+        status="FINISHED" if result.status == "passed" else "FAILED", tags=tags, artifacts=files,
+        figure_path=figure)
+
+
 def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], run_dir: Path,
-                timeout: int, progress: bool = True) -> list[NotebookResult]:
-    results = []
+                timeout: int, progress: bool = True, tracking_uri: str | None = None, report: bool = True,
+                host: dict[str, Any] | None = None) -> list[NotebookResult]:
+    """Execute the notebooks one after the other into `run_dir`; rewrite summary and report after each.
+
+    `tracking_uri` None turns MLflow tracking off (the kernels get GALLERY_TRACKING=off)."""
+    from helpers.report import complete_entry, write_index
+
+    host = host or {}
     out_dir = run_dir / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for i, nb in enumerate(notebooks, 1):
-        params = overrides.get(nb, {})
-        shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "defaults"
-        print(f"[{i}/{len(notebooks)}] {nb.stem} ({shown})", flush=True)
-        dst = out_dir / nb.name
-        start = time.perf_counter()
-        status, error = "passed", None
-        try:
-            execute_notebook(nb, dst, params, timeout=timeout, progress=progress)
-        except Exception as e:  # one failing notebook must not stop the gallery
-            status = "failed"
-            error = (first_error(dst) if dst.exists() else None) or {"ename": type(e).__name__, "evalue": str(e)}
-        seconds = time.perf_counter() - start
-        metrics = read_metrics(dst) if dst.exists() else {}
-        result = NotebookResult(nb.stem, status, round(seconds, 1), params, metrics,
-                                str(dst.relative_to(run_dir)), error)
-        results.append(result)
-        print(f"    {status} in {seconds:.1f} s" + (f": {error['ename']}: {error['evalue']}" if error else ""),
-              flush=True)
+    results = [NotebookResult(nb.stem, "pending", None, overrides.get(nb, {}),
+                              all_parameters={**notebook_parameters(nb), **overrides.get(nb, {})})
+               for nb in notebooks]
+    started = dt.datetime.now().isoformat(timespec="seconds")
+    run_env = {tracking.ENV_RUN_ID: run_dir.name, tracking.ENV_RUN_DIR: str(run_dir.resolve()),
+               tracking.ENV_URI: tracking_uri, tracking.ENV_SWITCH: "on" if tracking_uri else "off"}
+    with environment(**run_env):
+        for i, (nb, result) in enumerate(zip(notebooks, results, strict=True), 1):
+            params = result.parameters
+            shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "defaults"
+            print(f"[{i}/{len(notebooks)}] {nb.stem} ({shown})", flush=True)
+            dst = out_dir / nb.name
+            start = time.perf_counter()
+            status, error = "passed", None
+            with environment(**{tracking.ENV_NOTEBOOK: nb.stem}):
+                try:
+                    execute_with_progress(nb, dst, params, timeout,
+                                          CellProgress(f"[{i}/{len(notebooks)}] {nb.stem}") if progress else None)
+                except Exception as e:  # one failing notebook must not stop the gallery
+                    status = "failed"
+                    error = (first_error(dst) if dst.exists() else None) or {"ename": type(e).__name__,
+                                                                             "evalue": str(e)}
+                result.seconds = round(time.perf_counter() - start, 1)
+                result.status, result.error = status, error
+                if dst.exists():
+                    meta = record_metadata(dst)
+                    result.output = str(dst.relative_to(run_dir))
+                    result.metrics = meta.get("metrics", {})
+                    result.host = meta.get("host", {})
+                    result.tracking = meta.get("tracking")
+                if report:
+                    entry = complete_entry(run_dir, asdict(result))
+                    result.html, result.figure, result.error = entry.get("html"), entry.get("figure"), entry.get("error")
+                _track_after(result, run_dir, tracking_uri)
+            print(f"    {status} in {result.seconds:.1f} s"
+                  + (f": {error['ename']}: {str(error['evalue'])[:200]}" if error else ""), flush=True)
+            summary = write_summary(results, run_dir, host, started=started, tracking_uri=tracking_uri)
+            if report:
+                write_index(run_dir, summary)
     return results
 
 
-def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, Any]) -> None:
-    data = {"run": run_dir.name, "host": host, "notebooks": [asdict(r) for r in results]}
+def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, Any], started: str | None = None,
+                  tracking_uri: str | None = None) -> dict[str, Any]:
+    data = {"run": run_dir.name, "started": started, "host": host, "tracking_uri": tracking_uri,
+            "notebooks": [asdict(r) for r in results]}
     (run_dir / "summary.json").write_text(json.dumps(data, indent=2, default=str))
     lines = [f"# Gallery run {run_dir.name}", "",
-             f"Host: {host['hostname']}, {host['cpus']} CPUs, {host['gpus']} GPU(s)"
-             + (f" ({host['gpu_name']})" if host["gpu_name"] else "") + f", torch {host['torch']}", "",
+             f"Host: {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('gpus', 0)} GPU(s)"
+             + (f" ({host['gpu_name']})" if host.get("gpu_name") else "") + f", torch {host.get('torch')}", "",
+             "Report: [index.html](index.html)" + (f"; tracking: `{tracking_uri}`" if tracking_uri else ""), "",
              "| notebook | status | seconds | parameters | metrics |", "|---|---|---|---|---|"]
     for r in results:
         params = ", ".join(f"{k}={v}" for k, v in r.parameters.items()) or "defaults"
         metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.metrics.items())
         status = r.status if not r.error else f"{r.status} ({r.error.get('ename')} in cell {r.error.get('cell')})"
-        lines.append(f"| [{r.notebook}]({r.output}) | {status} | {r.seconds} | {params} | {metrics} |")
+        link = f"[{r.notebook}]({r.html or r.output})" if (r.html or r.output) else r.notebook
+        seconds = "" if r.seconds is None else r.seconds
+        lines.append(f"| {link} | {status} | {seconds} | {params} | {metrics} |")
     passed = sum(r.status == "passed" for r in results)
-    lines += ["", f"{passed} passed, {len(results) - passed} failed"]
+    failed = sum(r.status == "failed" for r in results)
+    pending = len(results) - passed - failed
+    lines += ["", f"{passed} passed, {failed} failed" + (f", {pending} pending" if pending else "")]
     (run_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    return data
+
+
+def new_run_dir(runs_dir: Path) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = runs_dir / stamp
+    suffix = 1
+    while run_dir.exists():
+        run_dir = runs_dir / f"{stamp}-{suffix}"
+        suffix += 1
+    run_dir.mkdir(parents=True)
+    return run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
+    from helpers.report import add_compare_arguments, run_compare
+
     parser = argparse.ArgumentParser(prog="python -m helpers.gallery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", help="names, stems or numbers (default: all)")
     parser.add_argument("-p", "--parameter", action="append", default=[], metavar="[NB:]NAME=VALUE")
+    parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR), help="where the notebooks are")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"), help="where run folders go")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds a cell may run")
-    parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="do not show the running cell")
+    parser.add_argument("--no-report", action="store_true", help="no HTML rendering or index.html")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $GALLERY_TRACKING_URI, $MLFLOW_TRACKING_URI, else "
+                             "sqlite:///<run folder>/mlflow.db)")
+    parser.add_argument("--no-tracking", action="store_true", help="no MLflow tracking")
     parser.add_argument("--list", action="store_true", help="list notebooks and their parameters, run nothing")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="compare two run folders (or baseline JSON files) and run nothing")
+    parser.add_argument("--baseline", metavar="RUN_OR_JSON",
+                        help="after the run, compare with this run folder or baseline JSON")
+    add_compare_arguments(parser)
     args = parser.parse_args(argv)
 
-    notebooks = discover(args.notebooks)
+    if args.compare:
+        return run_compare(*args.compare, args.tolerance, args.abs_tolerance, args.timings, args.direction)
+    notebooks_dir = Path(args.notebooks_dir)
+    notebooks = discover(args.notebooks, notebooks_dir)
     if not notebooks:
-        raise SystemExit(f"no notebooks found in {NOTEBOOKS_DIR}")
+        raise SystemExit(f"no notebooks found in {notebooks_dir}")
     if args.list:
         for nb in notebooks:
             print(nb.stem, notebook_parameters(nb))
         return 0
     overrides = parse_overrides(args.parameter, notebooks)
+    if args.baseline and not Path(args.baseline).exists():
+        raise SystemExit(f"--baseline {args.baseline}: no such run folder or JSON file")
 
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.runs_dir) / stamp
-    suffix = 1
-    while run_dir.exists():
-        run_dir = Path(args.runs_dir) / f"{stamp}-{suffix}"
-        suffix += 1
-    run_dir.mkdir(parents=True)
+    run_dir = new_run_dir(Path(args.runs_dir))
+    if args.no_tracking or not tracking.enabled():
+        tracking_uri = None
+    else:
+        tracking_uri = (args.tracking_uri or os.environ.get(tracking.ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI")
+                        or tracking.sqlite_uri(run_dir / tracking.DB_NAME))
     host = host_info()
-    print(f"gallery run {run_dir} on {host['cpus']} CPUs, {host['gpus']} GPU(s)", flush=True)
-    results = run_gallery(notebooks, overrides, run_dir, args.timeout, progress=not args.no_progress)
-    write_summary(results, run_dir, host)
+    print(f"gallery run {run_dir} on {host['cpus']} CPUs, {host['gpus']} GPU(s); report: {run_dir / 'index.html'}",
+          flush=True)
+    results = run_gallery(notebooks, overrides, run_dir, args.timeout, progress=not args.no_progress,
+                          tracking_uri=tracking_uri, report=not args.no_report, host=host)
     print((run_dir / "summary.md").read_text())
-    return 0 if all(r.status == "passed" for r in results) else 1
+    if tracking_uri:
+        print(f"MLflow: mlflow ui --backend-store-uri {tracking_uri}")
+    status = 0 if all(r.status == "passed" for r in results) else 1
+    if args.baseline:
+        status |= run_compare(args.baseline, str(run_dir), args.tolerance, args.abs_tolerance, args.timings,
+                              args.direction)
+    return status
 
 
 if __name__ == "__main__":

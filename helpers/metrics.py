@@ -19,24 +19,84 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"metric value {value!r} ({type(value).__name__}) is not a number or string")
 
 
-def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None, figure: Any = None,
-                   **metrics: Any) -> dict[str, Any]:
-    """Show the headline metrics as a table and store them in the cell's output metadata.
+def _json_safe(value: Any) -> Any:
+    try:
+        return _plain(value)
+    except TypeError:
+        return str(value)
 
-    The gallery runner reads them back from the executed notebook, so a notebook needs no side channel
-    (files, environment variables) to report its results, and the stored notebook carries them too.
+
+def _host() -> dict[str, Any]:
+    """The driver's devices, for the report's host column (torch is only asked if already imported)."""
+    import os
+    import sys
+
+    host: dict[str, Any] = {"cpus": os.cpu_count(), "gpus": 0, "gpu_name": None}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                host["gpus"] = torch.cuda.device_count()
+                host["gpu_name"] = torch.cuda.get_device_name(0)
+        except Exception:
+            pass
+    return host
+
+
+def _save_figure(figure: Any, run_dir: str, notebook: str) -> str | None:
+    """Save the main figure as PNG into the gallery run folder (the report's thumbnail); its path."""
+    import warnings
+    from pathlib import Path
+
+    if figure is None or not hasattr(figure, "savefig"):
+        return None
+    path = Path(run_dir) / "figures" / f"{notebook}.png"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+        return str(path)
+    except Exception as e:
+        warnings.warn(f"could not save the figure for the gallery report: {e}", stacklevel=3)
+        return None
+
+
+def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None, figure: Any = None,
+                   tracking_uri: str | None = None, **metrics: Any) -> dict[str, Any]:
+    """Show the headline metrics as a table, store them in the cell's output metadata, track the run.
+
+    The gallery runner reads the metrics back from the executed notebook, so a notebook needs no side
+    channel to report its results, and the stored notebook carries them too. Under the gallery runner
+    (`GALLERY_RUN_DIR` set) `figure` is also saved as `figures/<notebook>.png` in the run folder, for the
+    report's thumbnail. With tracking on (the default; see `helpers.tracking`), one MLflow run gets
     `params` (the parameters cell's values), `history` (per-epoch/step records: a list of dicts or a
-    DataFrame) and `figure` (the notebook's main matplotlib figure) go to experiment tracking.
-    Call it on the driver (never inside a rank).
+    DataFrame, one MLflow step each), the metrics and `figure` (the notebook's main matplotlib figure);
+    `tracking_uri` overrides the store (e.g. an MLflow server). Tracking failures warn once and never
+    stop the notebook. Call it on the driver: inside a rank other than 0 nothing is tracked.
     """
+    import os
+
+    from helpers import tracking
+
     plain = {k: _plain(v) for k, v in metrics.items()}
+    meta: dict[str, Any] = {"metrics": plain, "params": {str(k): _json_safe(v) for k, v in (params or {}).items()},
+                            "host": _host()}
+    on_driver = os.environ.get("RANK", "0") in ("", "0")
+    if on_driver:
+        run_dir = os.environ.get(tracking.ENV_RUN_DIR)
+        figure_path = _save_figure(figure, run_dir, tracking.notebook_name()) if run_dir else None
+        if figure_path:
+            meta["figure"] = os.path.relpath(figure_path, run_dir)
+        info = tracking.log_notebook_run(metrics=plain, params=params, history=history, figure=figure,
+                                         figure_path=figure_path, tracking_uri=tracking_uri)
+        if info:
+            meta["tracking"] = info
     text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}" for k, v in plain.items())
     try:
         from IPython import get_ipython
         from IPython.display import display
 
         if get_ipython() is not None:
-            display({"text/plain": text}, raw=True, metadata={METADATA_KEY: {"metrics": plain}})
+            display({"text/plain": text}, raw=True, metadata={METADATA_KEY: meta})
             return plain
     except ImportError:
         pass

@@ -1,0 +1,293 @@
+"""Experiment tracking with MLflow: one MLflow run per notebook run, logged by `record_metrics`.
+
+`helpers.record_metrics(...)` (the last cell of every notebook, on the driver) calls `log_notebook_run`,
+which logs the notebook's parameters, its per-epoch history (one MLflow step per record), its final
+metrics and its main figure. Where the run goes, first that applies:
+
+1. `record_metrics(..., tracking_uri="http://mlflow.example:5000")`;
+2. `GALLERY_TRACKING_URI` (the gallery runner sets it to the run folder's store; set it yourself for a
+   server), then MLflow's own `MLFLOW_TRACKING_URI`;
+3. `sqlite:///data/cache/mlruns/mlflow.db` in the checkout (interactive use, nbval, tests).
+
+`GALLERY_TRACKING=off` turns tracking off. Tracking never stops a notebook: if MLflow is missing,
+unreachable or broken, a `TrackingWarning` says so once per store and the notebook carries on. HTTP
+stores get short timeouts by default (`MLFLOW_HTTP_REQUEST_MAX_RETRIES=1`, `..._TIMEOUT=5`; your own
+values win) so an unreachable server costs seconds, not minutes.
+
+The MLflow client API is used rather than `mlflow.start_run()`, so the user's own fluent MLflow state
+(active run, tracking URI) in the kernel is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ENV_URI = "GALLERY_TRACKING_URI"
+ENV_SWITCH = "GALLERY_TRACKING"
+ENV_RUN_ID = "GALLERY_RUN_ID"
+ENV_RUN_DIR = "GALLERY_RUN_DIR"
+ENV_NOTEBOOK = "GALLERY_NOTEBOOK"
+DB_NAME = "mlflow.db"
+ARTIFACTS_NAME = "mlartifacts"
+STEP_KEYS = ("step", "epoch", "global_step", "iteration")
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+_failed_uris: set[str] = set()  # stores that failed once in this process: warned about, not retried
+
+
+class TrackingWarning(UserWarning):
+    """MLflow tracking did not work; the notebook carries on without it."""
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "on").strip().lower() not in {"0", "off", "false", "no"}
+
+
+def default_tracking_uri() -> str:
+    """The store for runs outside the gallery runner: data/cache/mlruns/mlflow.db (git-ignored)."""
+    from helpers.data import cache_dir
+
+    return sqlite_uri(cache_dir("mlruns") / DB_NAME)
+
+
+def sqlite_uri(path: str | Path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def resolve_tracking_uri(explicit: str | None = None) -> str:
+    return explicit or os.environ.get(ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def notebook_name() -> str:
+    """The running notebook's stem: set by the gallery runner, else by Jupyter (JPY_SESSION_NAME)."""
+    name = os.environ.get(ENV_NOTEBOOK) or os.environ.get("JPY_SESSION_NAME") or ""
+    return Path(name).stem or "notebook"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep MLflow's and alembic's INFO lines and warnings out of the notebook's output."""
+    loggers = [logging.getLogger(n) for n in ("mlflow", "alembic", "sqlalchemy", "urllib3")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _import_mlflow():
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # nothing leaves the machine
+    with _quiet():
+        import mlflow
+        from mlflow import MlflowClient
+    return mlflow, MlflowClient
+
+
+def _ensure_sqlite_store(db: Path) -> None:
+    """Create a new SQLite store by copying an empty template: MLflow's own schema migrations take
+    5-10 s on a small machine, and every gallery run starts a new store. The template (one per MLflow
+    version) is built once in data/cache/mlruns/."""
+    if db.exists():
+        return
+    mlflow, MlflowClient = _import_mlflow()
+    from helpers.data import cache_dir
+
+    template = cache_dir("mlruns") / f"empty-mlflow-{mlflow.__version__}.db"
+    if not template.exists():
+        tmp_dir = Path(tempfile.mkdtemp(dir=template.parent, prefix=".template-"))
+        try:
+            with _quiet():
+                MlflowClient(sqlite_uri(tmp_dir / DB_NAME)).search_experiments(max_results=1)
+            os.replace(tmp_dir / DB_NAME, template)
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    partial = db.with_name(f".{db.name}.{os.getpid()}")
+    shutil.copyfile(template, partial)
+    if not db.exists():
+        os.replace(partial, db)
+    partial.unlink(missing_ok=True)
+
+
+def client_for(uri: str):
+    """An MlflowClient for `uri`, creating a new SQLite store quickly (see `_ensure_sqlite_store`)."""
+    if uri.startswith(("http://", "https://")):
+        for key, value in _HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    db = _sqlite_path(uri)
+    if db is not None:
+        _ensure_sqlite_store(db)
+    _, MlflowClient = _import_mlflow()
+    with _quiet():
+        return MlflowClient(tracking_uri=uri)
+
+
+def _experiment_id(client, name: str, uri: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    db = _sqlite_path(uri)
+    # A SQLite store's default artifact root is ./mlruns relative to the *current directory* (the
+    # notebook's folder): put the artifacts next to the database instead.
+    location = (db.parent / ARTIFACTS_NAME).resolve().as_uri() if db is not None else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created meanwhile by another process
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _number(value: Any) -> float | None:
+    if hasattr(value, "item") and callable(value.item):
+        with contextlib.suppress(Exception):
+            value = value.item()
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def history_records(history: Any) -> list[dict[str, Any]]:
+    """A list of dicts from a list of dicts or a DataFrame (a named index such as 'epoch' is kept)."""
+    if history is None:
+        return []
+    if hasattr(history, "to_dict") and hasattr(history, "columns"):
+        frame = history.reset_index() if history.index.name is not None else history
+        return frame.to_dict("records")
+    return [dict(r) for r in history]
+
+
+def history_metrics(history: Any) -> list[tuple[str, float, int]]:
+    """(key, value, step) for every finite numeric value; the step is the record's step/epoch, else
+    its position."""
+    out = []
+    for position, record in enumerate(history_records(history)):
+        step_key = next((k for k in STEP_KEYS if _number(record.get(k)) is not None), None)
+        step = int(_number(record[step_key])) if step_key else position
+        for key, value in record.items():
+            number = _number(value)
+            if key != step_key and number is not None:
+                out.append((str(key), number, step))
+    return out
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def warn_once(uri: str, error: BaseException) -> None:
+    if uri in _failed_uris:
+        return
+    _failed_uris.add(uri)
+    warnings.warn(
+        f"MLflow tracking to {uri} failed ({type(error).__name__}: {str(error)[:300]}); the notebook carries "
+        f"on without it. Fix or unset {ENV_URI} / MLFLOW_TRACKING_URI, or set {ENV_SWITCH}=off.",
+        TrackingWarning, stacklevel=3,
+    )
+
+
+def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None = None, history: Any = None,
+                     figure: Any = None, figure_path: str | Path | None = None,
+                     tracking_uri: str | None = None, notebook: str | None = None,
+                     status: str = "FINISHED", tags: dict[str, str] | None = None,
+                     artifacts: list[str | Path] = ()) -> dict[str, str] | None:
+    """Log one notebook run to MLflow; return {"run_id", "experiment_id"}, or None (off, or failed).
+
+    Never raises: a failure warns once per store (`TrackingWarning`) and returns None.
+    """
+    if not enabled():
+        return None
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri in _failed_uris:
+        return None
+    client, run_id = None, None
+    try:
+        client = client_for(uri)
+        from mlflow.entities import Metric, Param, RunTag
+
+        notebook = notebook or notebook_name()
+        with _quiet():
+            experiment_id = _experiment_id(client, notebook, uri)
+            gallery_run = os.environ.get(ENV_RUN_ID)
+            run_tags = {"gallery.notebook": notebook, "gallery.host": platform.node(),
+                        "mlflow.source.name": f"notebooks/{notebook}.ipynb", "mlflow.source.type": "NOTEBOOK"}
+            if gallery_run:
+                run_tags["gallery.run_id"] = gallery_run
+            run_tags.update(tags or {})
+            run_name = f"{notebook} {gallery_run or time.strftime('%Y%m%d-%H%M%S')}"
+            run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
+            run_id = run.info.run_id
+            now = int(time.time() * 1000)
+            logged = [Metric(k, v, now, s) for k, v, s in history_metrics(history)]
+            last_step = max((m.step for m in logged), default=0)
+            finals, text = [], []
+            for key, value in metrics.items():
+                number = _number(value)
+                if number is None:
+                    text.append(RunTag(f"metric.{key}", str(value)))
+                else:
+                    finals.append(Metric(key, number, now, last_step))
+            logged += finals
+            param_list = [Param(str(k), str(v)[:6000]) for k, v in (params or {}).items()]
+            for batch in _chunks(logged, 1000):
+                client.log_batch(run_id, metrics=batch)
+            for batch in _chunks(param_list, 100):
+                client.log_batch(run_id, params=batch)
+            if text:
+                client.log_batch(run_id, tags=text)
+            if figure_path is not None and Path(figure_path).exists():
+                client.log_artifact(run_id, str(figure_path))
+            elif figure is not None:
+                client.log_figure(run_id, figure, "figure.png")
+            for path in artifacts:
+                client.log_artifact(run_id, str(path))
+            client.set_terminated(run_id, status=status)
+        return {"run_id": run_id, "experiment_id": experiment_id}
+    except Exception as e:
+        if client is not None and run_id is not None:
+            with contextlib.suppress(Exception), _quiet():
+                client.set_terminated(run_id, status="FAILED")
+        warn_once(uri, e)
+        return None
+
+
+def attach_artifacts(run_id: str, paths: list[str | Path], tracking_uri: str | None = None) -> bool:
+    """Add files (the executed notebook, its HTML) to an existing run; False (warned once) on failure."""
+    if not enabled():
+        return False
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri in _failed_uris:
+        return False
+    try:
+        client = client_for(uri)
+        with _quiet():
+            for path in paths:
+                client.log_artifact(run_id, str(path))
+        return True
+    except Exception as e:
+        warn_once(uri, e)
+        return False

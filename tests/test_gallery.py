@@ -1,0 +1,276 @@
+"""The gallery runner (helpers.gallery) and its MLflow tracking, on tiny synthetic notebooks.
+
+One synthetic gallery run (two notebooks: the first fails, the second records metrics, a history and a
+figure) is executed once per test session by `synthetic_run` and shared with tests/test_report.py.
+Everything else here runs no kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import time
+import warnings
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from helpers import gallery, tracking
+
+OK_CODE = """import matplotlib
+matplotlib.use("agg")
+import matplotlib.pyplot as plt
+from helpers import record_metrics
+fig, ax = plt.subplots(figsize=(3, 2))
+ax.plot([1.0 / (i + 1) for i in range(n)], marker="o")
+ax.set_title(f"loss, {label}")
+plt.show()
+print("n is", n)"""
+OK_RECORD = """record_metrics(score=0.5 * scale, final_loss=1.0 / n, processes=1, device="cpu",
+               params=dict(n=n, scale=scale, label=label),
+               history=[{"epoch": i + 1, "loss": 1.0 / (i + 1)} for i in range(n)], figure=fig)"""
+
+
+def _notebook(cells: list) -> nbformat.NotebookNode:
+    return new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def make_notebooks(folder: Path) -> Path:
+    """01_fails (raises in its third code cell) and 02_ok (records metrics, a history and a figure)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fails = _notebook([
+        new_markdown_cell("# Fails on purpose"),
+        new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
+        new_code_cell("x = n + 1\nprint('x is', x)"),
+        new_code_cell("raise ValueError(f'broken on purpose, n={n}')"),
+        new_code_cell("print('never reached')"),
+    ])
+    ok = _notebook([
+        new_markdown_cell("# Passes"),
+        new_code_cell("n = 3\nscale = 1.0\nlabel = 'x'", metadata={"tags": ["parameters"]}),
+        new_code_cell(OK_CODE),
+        new_code_cell(OK_RECORD, metadata={"tags": ["nbval-ignore-output"]}),
+    ])
+    nbformat.write(fails, str(folder / "01_fails.ipynb"))
+    nbformat.write(ok, str(folder / "02_ok.ipynb"))
+    nbformat.write(_notebook([new_code_cell("1")]), str(folder / "scratch.ipynb"))  # not numbered: ignored
+    return folder
+
+
+_RUN: dict = {}
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+    """Run the synthetic gallery once: {"run_dir", "status", "stdout", "seconds"}."""
+    if not _RUN:
+        base = tmp_path_factory.mktemp("synthetic-gallery")
+        notebooks = make_notebooks(base / "notebooks")
+        out = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(out):
+            status = gallery.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
+                                   "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
+        (run_dir,) = (base / "runs").iterdir()
+        _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(), seconds=time.perf_counter() - start,
+                    notebooks=notebooks)
+    return _RUN
+
+
+@pytest.fixture
+def two_notebooks(tmp_path):
+    return make_notebooks(tmp_path / "nbs")
+
+
+# --- overrides and discovery (no kernel) ----------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("3", 3), ("2.5", 2.5), ("1e-3", 0.001), ("None", None), ("True", True), ("'01'", "01"),
+    ("auto", "auto"), ("[1, 2]", [1, 2]), ("{'a': 1}", {"a": 1}), ("data/x.csv", "data/x.csv"),
+])
+def test_values_are_literals_else_strings(text, value):
+    assert gallery._literal(text) == value
+
+
+def test_global_and_notebook_specific_overrides(two_notebooks):
+    nbs = gallery.discover([], two_notebooks)
+    fails, ok = nbs
+    # notebook-specific wins over global whatever the order; a global name goes only where declared
+    got = gallery.parse_overrides(["01:n=7", "n=2", "scale=0.5", "label=run a"], nbs)
+    assert got[fails] == {"n": 7}
+    assert got[ok] == {"n": 2, "scale": 0.5, "label": "run a"}
+
+
+@pytest.mark.parametrize("item, message", [
+    ("bogus=1", "no selected notebook declares a parameter 'bogus'"),
+    ("01_fails:scale=2", "01_fails has no parameter 'scale'"),
+    ("n", "write NAME=VALUE"),
+    ("03:n=1", "no single notebook matches '03'"),
+])
+def test_unknown_names_are_refused(two_notebooks, item, message):
+    with pytest.raises(SystemExit, match=message):
+        gallery.parse_overrides([item], gallery.discover([], two_notebooks))
+
+
+def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path):
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit, match="bogus"):
+        gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs), "-p", "n=2", "-p", "bogus=1"])
+    assert not runs.exists(), "a run folder was created although the command line was refused"
+
+
+def test_override_for_notebook_not_selected(two_notebooks):
+    with pytest.raises(SystemExit, match="not among the notebooks selected"):
+        gallery.parse_overrides(["02:n=1"], gallery.discover(["01"], two_notebooks))
+
+
+def test_discovery_by_number_and_stem(two_notebooks):
+    everything = gallery.discover([], two_notebooks)
+    assert [p.name for p in everything] == ["01_fails.ipynb", "02_ok.ipynb"]  # sorted, numbered only
+    assert gallery.discover(["02"], two_notebooks) == [two_notebooks / "02_ok.ipynb"]
+    assert gallery.discover(["02_ok", "01"], two_notebooks) == [two_notebooks / "02_ok.ipynb",
+                                                                two_notebooks / "01_fails.ipynb"]
+    with pytest.raises(SystemExit, match="available: 01_fails, 02_ok"):
+        gallery.discover(["9"], two_notebooks)
+
+
+def test_list_runs_nothing(two_notebooks, tmp_path, capsys):
+    assert gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(tmp_path / "r"), "--list"]) == 0
+    assert "02_ok {'n': 3, 'scale': 1.0, 'label': 'x'}" in capsys.readouterr().out
+    assert not (tmp_path / "r").exists()
+
+
+def test_progress_lines(tmp_path):
+    nb = _notebook([new_markdown_cell("# t"), new_code_cell("x = 1\ny = 2"), new_code_cell("")])
+    out = io.StringIO()
+    progress = gallery.CellProgress("[1/1] t", stream=out, tty=False)
+    progress.notebook_start(notebook=nb)
+    for i, cell in enumerate(nb.cells):
+        progress.cell_start(cell=cell, cell_index=i)
+    (line,) = out.getvalue().splitlines()  # code cells with source only
+    assert "[1/1] t cell 2/3" in line and line.endswith("x = 1")
+    tty = io.StringIO()
+    progress = gallery.CellProgress("t", stream=tty, tty=True)
+    progress.notebook_start(notebook=nb)
+    progress.cell_start(cell=nb.cells[1], cell_index=1)
+    progress.close()
+    assert tty.getvalue().startswith("\r\033[K") and "\n" not in tty.getvalue()
+
+
+# --- one real run of the synthetic gallery ---------------------------------------------------------
+
+def test_failing_notebook_does_not_stop_the_others(synthetic_run):
+    assert synthetic_run["status"] == 1, "a failed notebook must make the exit status non-zero"
+    summary = json.loads((synthetic_run["run_dir"] / "summary.json").read_text())
+    fails, ok = summary["notebooks"]
+    assert (fails["notebook"], fails["status"]) == ("01_fails", "failed")
+    assert (ok["notebook"], ok["status"]) == ("02_ok", "passed"), "the notebook after the failing one ran"
+    assert synthetic_run["seconds"] < 150, synthetic_run["seconds"]
+
+
+def test_summary_contents(synthetic_run):
+    run_dir = synthetic_run["run_dir"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run"] == run_dir.name and summary["host"]["cpus"] >= 1
+    assert summary["tracking_uri"] == f"sqlite:///{run_dir.resolve()}/mlflow.db"
+    fails, ok = summary["notebooks"]
+    assert fails["parameters"] == {"n": 5} and fails["all_parameters"] == {"n": 5}
+    assert fails["error"]["ename"] == "ValueError" and fails["error"]["evalue"] == "broken on purpose, n=5"
+    assert fails["error"]["anchor"].startswith("cell-id=") and fails["metrics"] == {}
+    assert ok["parameters"] == {"scale": 2.0}
+    assert ok["all_parameters"] == {"n": 3, "scale": 2.0, "label": "x"}
+    assert ok["metrics"] == {"score": 1.0, "final_loss": pytest.approx(1 / 3), "processes": 1, "device": "cpu"}
+    assert ok["error"] is None and ok["seconds"] > 0 and ok["host"]["gpus"] == 0
+    for entry in (fails, ok):
+        assert (run_dir / entry["output"]).exists() and (run_dir / entry["html"]).exists()
+    assert ok["figure"] == "figures/02_ok.png" and (run_dir / ok["figure"]).stat().st_size > 1000
+    md = (run_dir / "summary.md").read_text()
+    assert "| [01_fails](notebooks/01_fails.html) | failed (ValueError in cell" in md
+    assert "| [02_ok](notebooks/02_ok.html) | passed |" in md and "1 passed, 1 failed" in md
+
+
+def test_runner_shows_notebook_and_cell(synthetic_run):
+    out = synthetic_run["stdout"]
+    assert "[1/2] 01_fails (n=5)" in out and "[2/2] 02_ok (scale=2.0)" in out
+    assert "[2/2] 02_ok cell 4/" in out and "import matplotlib" in out  # which cell is running
+    assert "failed in" in out and "ValueError: broken on purpose" in out
+
+
+def test_one_mlflow_run_per_notebook(synthetic_run):
+    from mlflow import MlflowClient
+
+    run_dir = synthetic_run["run_dir"]
+    client = MlflowClient(f"sqlite:///{run_dir}/mlflow.db")
+    runs = {r.data.tags["gallery.notebook"]: r for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], f"tags.`gallery.run_id` = '{run_dir.name}'")}
+    assert set(runs) == {"01_fails", "02_ok"}
+    ok, fails = runs["02_ok"], runs["01_fails"]
+    assert ok.info.status == "FINISHED" and fails.info.status == "FAILED"
+    assert ok.data.params == {"n": "3", "scale": "2.0", "label": "x"}
+    assert ok.data.metrics["score"] == 1.0 and ok.data.tags["metric.device"] == "cpu"
+    assert [(m.step, m.value) for m in client.get_metric_history(ok.info.run_id, "loss")] == [
+        (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+    assert {a.path for a in client.list_artifacts(ok.info.run_id)} == {"02_ok.png", "02_ok.ipynb", "02_ok.html"}
+    assert fails.data.params == {"n": "5"} and "broken on purpose" in fails.data.tags["gallery.error"]
+    # artifacts went next to the store, not into the notebooks' working directory
+    assert (run_dir / "mlartifacts").is_dir() and not (synthetic_run["notebooks"] / "mlruns").exists()
+
+
+# --- tracking without the runner (in this process, no kernel) ----------------------------------------
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_tracking_server_warns_once_and_carries_on(monkeypatch):
+    from helpers import record_metrics
+
+    tracking._import_mlflow()  # the import itself is not what this test times
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv(tracking.ENV_URI, uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setattr(tracking, "_failed_uris", set())
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert record_metrics(accuracy=0.9, params={"a": 1}) == {"accuracy": 0.9}
+        assert record_metrics(accuracy=0.8) == {"accuracy": 0.8}
+    assert time.perf_counter() - start < 10
+    ours = [w for w in caught if issubclass(w.category, tracking.TrackingWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert uri in str(ours[0].message) and "GALLERY_TRACKING=off" in str(ours[0].message)
+
+
+def test_record_metrics_logs_dataframe_history_on_rank_zero_only(monkeypatch, tmp_path):
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    from helpers import record_metrics
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv(tracking.ENV_URI, uri)
+    monkeypatch.setenv(tracking.ENV_NOTEBOOK, "99_test")
+    monkeypatch.delenv(tracking.ENV_RUN_DIR, raising=False)
+    history = pd.DataFrame({"epoch": [1, 2], "loss": [2.0, 1.0], "accuracy": [0.5, 0.75]}).set_index("epoch")
+    monkeypatch.setenv("RANK", "1")  # inside a worker: nothing is tracked
+    record_metrics(accuracy=0.75, history=history)
+    assert not (tmp_path / "mlflow.db").exists()
+    monkeypatch.delenv("RANK")
+    record_metrics(accuracy=0.75, history=history, params={"lr": 0.1, "data_dir": None})
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("99_test").experiment_id])
+    assert run.data.params == {"lr": "0.1", "data_dir": "None"}
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
+    # the final value is logged at the last step, so MLflow's "latest" is the headline metric
+    assert run.data.metrics == {"loss": 1.0, "accuracy": 0.75}
+    monkeypatch.setenv(tracking.ENV_SWITCH, "off")
+    record_metrics(accuracy=0.1)
+    assert len(client.search_runs([run.info.experiment_id])) == 1
