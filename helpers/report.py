@@ -39,6 +39,7 @@ _TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_css -%}<link rel="icon" href="data:,">{%- endblock html_head_css -%}
 """
 _REMOTE = re.compile(r"<script[^>]*\ssrc=[\"']https?://[^>]*>\s*</script>|<link[^>]*href=[\"']https?://[^>]*>",
                      re.IGNORECASE)
