@@ -1,0 +1,368 @@
+"""Ratings in MovieLens format, built offline, and their conversion to MosaicML Streaming (MDS) shards.
+
+Notebook 03 trains a two-tower recommender on MovieLens (`ratings.csv`: userId,movieId,rating,timestamp;
+`movies.csv`: movieId,title,genres). Nothing can be downloaded at run time, so `build_movielens` writes
+a small data set in exactly that format, with structure a model can learn and a baseline cannot fully
+exploit: every user and movie has hidden taste factors, genres follow those factors, a popularity skew
+makes "most popular" a fair baseline, and timestamps are independent of taste so that holding out each
+user's latest interactions tests generalisation to the future, not to a different distribution.
+
+The same module reads a real MovieLens download (`read_movielens`), checks it before anything is
+written (`validate_ratings`), splits it by time per user (`split_by_time`), and writes MDS shards
+(`write_mds`) so that a directory left by an older run is either reused (identical input and settings)
+or replaced as a whole, never mixed with new shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from helpers.data import cache_dir
+
+# The 18 genres of MovieLens (plus "(no genres listed)", which real files also use).
+GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama",
+          "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War",
+          "Western")
+RATINGS_COLUMNS = ("userId", "movieId", "rating", "timestamp")
+MOVIES_COLUMNS = ("movieId", "title", "genres")
+BUILD_VERSION = 1  # bump when the generator changes, so cached builds are not reused
+MANIFEST = "build.json"
+
+_ADJECTIVES = ("Silent", "Broken", "Golden", "Last", "Hidden", "Crimson", "Endless", "Wild", "Lost", "Iron",
+               "Midnight", "Frozen", "Burning", "Secret", "Distant", "Electric", "Hollow", "Savage")
+_NOUNS = ("River", "Empire", "Garden", "Signal", "Harbor", "Machine", "Kingdom", "Shadow", "Island",
+          "Letter", "Storm", "Station", "Mirror", "Frontier", "Orchard", "Circus", "Voyage", "Witness")
+
+
+class MovieLensFormatError(ValueError):
+    """A ratings or movies table that is not in MovieLens format (raised before anything is written)."""
+
+
+@dataclass(frozen=True)
+class MovieLensFiles:
+    ratings_csv: Path
+    movies_csv: Path
+    built: bool  # False: an identical earlier build was reused
+
+
+def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000, num_movies: int = 500,
+                    min_ratings: int = 20, max_ratings: int = 80, factors: int = 8, taste: float = 2.5,
+                    popularity: float = 0.8, seed: int = 0) -> MovieLensFiles:
+    """Write `ratings.csv` and `movies.csv` in MovieLens format; skip the work if an identical build exists.
+
+    How the data is made (so that learning is measurable):
+    * users and movies get hidden factor vectors; a user picks movies with probability proportional to
+      exp(taste * <user, movie> / sqrt(factors) + popularity * movie bias) (without replacement), so
+      a model that learns the factors beats the popularity ranking by a margin;
+    * each movie's 1-3 genres are the genres whose directions its factors point to most (plus noise), so
+      genre features carry part of the taste signal (what helps cold or rare movies);
+    * the movie bias is a Zipf-like skew: a few movies are watched by many users;
+    * each user's interactions are put in random order in time, so the latest ones (held out) come from
+      the same tastes as the earlier ones; ratings follow affinity, on MovieLens's 0.5-5 half-star scale;
+    * movie ids are not contiguous (as in MovieLens), so the notebook's re-indexing is exercised.
+    """
+    args = dict(num_users=num_users, num_movies=num_movies, min_ratings=min_ratings, max_ratings=max_ratings,
+                factors=factors, taste=taste, popularity=popularity, seed=seed, version=BUILD_VERSION)
+    if not (0 < min_ratings <= max_ratings <= num_movies):
+        raise ValueError(f"need 0 < min_ratings ({min_ratings}) <= max_ratings ({max_ratings}) "
+                         f"<= num_movies ({num_movies}).")
+    out = Path(out_dir) if out_dir is not None else cache_dir("movielens", _digest(args)[:12])
+    out.mkdir(parents=True, exist_ok=True)
+    ratings_csv, movies_csv, manifest = out / "ratings.csv", out / "movies.csv", out / MANIFEST
+    if _read_json(manifest) == args and ratings_csv.is_file() and movies_csv.is_file():
+        return MovieLensFiles(ratings_csv, movies_csv, built=False)
+
+    rng = np.random.default_rng(seed)
+    movie_factors = rng.standard_normal((num_movies, factors))
+    user_factors = rng.standard_normal((num_users, factors))
+    genre_dirs = rng.standard_normal((len(GENRES), factors))
+
+    # Genres: the directions a movie's factors point to most, with noise; 1-3 per movie.
+    genre_score = movie_factors @ genre_dirs.T / np.sqrt(factors) + 0.5 * rng.standard_normal(
+        (num_movies, len(GENRES)))
+    n_genres = rng.choice([1, 2, 3], size=num_movies, p=[0.35, 0.4, 0.25])
+    top = np.argsort(-genre_score, axis=1)
+    genres = ["|".join(GENRES[g] for g in sorted(top[m, : n_genres[m]])) for m in range(num_movies)]
+
+    # Popularity: Zipf-like bias over a random order of the movies.
+    rank = rng.permutation(num_movies) + 1
+    bias = -np.log(rank)
+    bias -= bias.mean()
+
+    movie_ids = np.sort(rng.choice(np.arange(1, 4 * num_movies + 1), size=num_movies, replace=False))
+    years = rng.integers(1950, 2020, size=num_movies)
+    titles = [f"The {_ADJECTIVES[rng.integers(len(_ADJECTIVES))]} {_NOUNS[rng.integers(len(_NOUNS))]} "
+              f"{i + 1} ({years[i]})" for i in range(num_movies)]
+
+    counts = np.minimum(np.floor(min_ratings * np.exp(rng.exponential(0.6, size=num_users))).astype(int),
+                        max_ratings)
+    affinity = user_factors @ movie_factors.T / np.sqrt(factors)
+    logits = taste * affinity + popularity * bias
+    rows = []
+    start = 1_000_000_000  # 2001-09-09: timestamps in seconds, as in MovieLens
+    for u in range(num_users):
+        gumbel = -np.log(-np.log(rng.random(num_movies)))
+        chosen = np.argsort(-(logits[u] + gumbel))[: counts[u]]  # sampling without replacement
+        chosen = rng.permutation(chosen)                         # time order independent of taste
+        t0 = start + int(rng.integers(0, 3 * 365 * 86400))
+        times = t0 + np.cumsum(rng.integers(60, 7 * 86400, size=len(chosen)))
+        stars = np.clip(np.round((3.4 + 0.9 * affinity[u, chosen] + 0.5 * rng.standard_normal(len(chosen)))
+                                 * 2) / 2, 0.5, 5.0)
+        rows.append(pd.DataFrame({"userId": u + 1, "movieId": movie_ids[chosen], "rating": stars,
+                                  "timestamp": times}))
+    ratings = pd.concat(rows, ignore_index=True).sort_values(["userId", "timestamp"], kind="stable")
+    movies = pd.DataFrame({"movieId": movie_ids, "title": titles, "genres": genres})
+
+    ratings.to_csv(ratings_csv, index=False)
+    movies.to_csv(movies_csv, index=False)
+    manifest.write_text(json.dumps(args, indent=1, sort_keys=True))
+    return MovieLensFiles(ratings_csv, movies_csv, built=True)
+
+
+def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataFrame:
+    """Check a ratings table is in MovieLens format; return it with integer ids. Raise what to fix if not."""
+    missing = [c for c in RATINGS_COLUMNS if c not in ratings.columns]
+    if missing:
+        raise MovieLensFormatError(
+            f"{source} is missing column(s) {missing}; it has {list(ratings.columns)[:10]}. A MovieLens "
+            f"ratings.csv has the header {','.join(RATINGS_COLUMNS)}: rename your columns to these names.")
+    if len(ratings) == 0:
+        raise MovieLensFormatError(f"{source} has no rows.")
+    out = ratings.copy()
+    for col in ("userId", "movieId", "timestamp"):
+        out[col] = _as_int(out[col], col, source)
+    rating = pd.to_numeric(out["rating"], errors="coerce")
+    if rating.isna().any():
+        bad = out.loc[rating.isna(), "rating"].head(3).tolist()
+        raise MovieLensFormatError(f"{source}: column 'rating' has non-numeric values, e.g. {bad}.")
+    out["rating"] = rating.astype(np.float32)
+    duplicated = out.duplicated(["userId", "movieId", "timestamp"])
+    if duplicated.any():
+        raise MovieLensFormatError(f"{source} has {int(duplicated.sum())} duplicate (userId, movieId, timestamp) "
+                                   "rows: drop them first (ratings.drop_duplicates()).")
+    return out
+
+
+def validate_movies(movies: pd.DataFrame, source: str = "movies") -> pd.DataFrame:
+    """Check a movies table (movieId,title,genres with '|'-separated genres); return it with integer ids."""
+    missing = [c for c in MOVIES_COLUMNS if c not in movies.columns]
+    if missing:
+        raise MovieLensFormatError(
+            f"{source} is missing column(s) {missing}; it has {list(movies.columns)[:10]}. A MovieLens "
+            f"movies.csv has the header {','.join(MOVIES_COLUMNS)}.")
+    out = movies.copy()
+    out["movieId"] = _as_int(out["movieId"], "movieId", source)
+    if out["movieId"].duplicated().any():
+        raise MovieLensFormatError(f"{source}: movieId values repeat, e.g. "
+                                   f"{out.loc[out['movieId'].duplicated(), 'movieId'].head(3).tolist()}.")
+    out["genres"] = out["genres"].fillna("(no genres listed)").astype(str)
+    return out
+
+
+def read_movielens(ratings_csv: str | Path, movies_csv: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read and check a MovieLens ratings.csv / movies.csv pair (a real download or `build_movielens`)."""
+    for path in (ratings_csv, movies_csv):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} does not exist: point ratings_csv/movies_csv at a MovieLens "
+                                    "download (e.g. ml-latest-small/ratings.csv), or set both to None.")
+    ratings = validate_ratings(pd.read_csv(ratings_csv), str(ratings_csv))
+    movies = validate_movies(pd.read_csv(movies_csv), str(movies_csv))
+    unknown = ~ratings["movieId"].isin(movies["movieId"])
+    if unknown.any():
+        raise MovieLensFormatError(f"{ratings_csv}: {int(unknown.sum())} ratings name movies absent from "
+                                   f"{movies_csv}, e.g. movieId {ratings.loc[unknown, 'movieId'].head(3).tolist()}.")
+    return ratings, movies
+
+
+def split_by_time(ratings: pd.DataFrame, holdout: int = 3, min_train: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Hold out each user's `holdout` latest interactions (leave-future-out), keep the earlier ones for training.
+
+    Users with fewer than `holdout + min_train` interactions stay entirely in training (too little history
+    to evaluate them fairly). Ties in time are broken by row order, so the split is deterministic.
+    """
+    if holdout < 1:
+        raise ValueError(f"holdout={holdout} must be at least 1.")
+    ordered = ratings.reset_index(drop=True)
+    ordered = ordered.assign(_row=np.arange(len(ordered))).sort_values(["userId", "timestamp", "_row"],
+                                                                       kind="stable")
+    from_end = ordered.groupby("userId").cumcount(ascending=False)
+    size = ordered.groupby("userId")["movieId"].transform("size")
+    held = (from_end < holdout) & (size >= holdout + min_train)
+    train = ordered[~held].drop(columns="_row").reset_index(drop=True)
+    test = ordered[held].drop(columns="_row").reset_index(drop=True)
+    return train, test
+
+
+# --- MDS -------------------------------------------------------------------------------------------------
+
+_NUMPY_FOR_ENCODING = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+                       "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+                       "float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+@dataclass(frozen=True)
+class MDSInfo:
+    path: Path
+    samples: int
+    shards: list[dict[str, Any]]  # one row per shard: file, samples, bytes (on disk), raw_bytes
+    reused: bool                  # True: an identical earlier conversion was kept
+    replaced: bool                # True: an older, different conversion was deleted and rewritten
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s["bytes"] for s in self.shards)
+
+
+def validate_for_mds(frame: pd.DataFrame, columns: dict[str, str]) -> None:
+    """Check every column exists, has the encoding's type and no missing values, before writing anything."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise MovieLensFormatError(f"cannot write MDS: the table lacks column(s) {missing} "
+                                   f"(it has {list(frame.columns)}).")
+    for name, encoding in columns.items():
+        kind = encoding.split(":")[0]
+        values = frame[name]
+        if kind in _NUMPY_FOR_ENCODING:
+            if not (pd.api.types.is_integer_dtype(values) or pd.api.types.is_float_dtype(values)):
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} ({values.dtype}) is not numeric "
+                                           f"but its encoding is {encoding!r}.")
+            if values.isna().any():
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} has missing values.")
+            if kind.startswith(("int", "uint")) and not pd.api.types.is_integer_dtype(values):
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} holds {values.dtype} values but its "
+                                           f"encoding {encoding!r} is an integer type: convert it first.")
+        elif kind == "ndarray":
+            first = values.iloc[0] if len(values) else None
+            if not isinstance(first, np.ndarray):
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} must hold numpy arrays "
+                                           f"for encoding {encoding!r}, got {type(first).__name__}.")
+
+
+def write_mds(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str], *,
+              compression: str | None = "zstd", hashes: tuple[str, ...] = ("sha1", "xxh64"),
+              size_limit: int | str = "256kb", existing: Literal["reuse", "rebuild", "error"] = "reuse",
+              ) -> MDSInfo:
+    """Write `frame` as MDS shards with explicit column encodings; deal with an existing `out_dir` on purpose.
+
+    `existing` says what to do with a directory already there:
+    * "reuse": keep it if it holds this exact data written with these settings (same fingerprint in its
+      `build.json`); replace it as a whole if it is an older conversion of ours with other data/settings;
+    * "rebuild": always replace it;
+    * "error": refuse if it exists with other contents.
+    A directory this module did not write (no `build.json`) is never deleted: you are told to move it.
+    Shards are written to a sibling temporary folder and renamed into place at the end, so a crash mid-way
+    leaves the old directory intact and never a mix of old and new shards.
+    """
+    from streaming import MDSWriter
+
+    validate_for_mds(frame, columns)  # before anything touches the disk
+    out = Path(out_dir)
+    settings = dict(columns=columns, compression=compression, hashes=list(hashes), size_limit=size_limit)
+    fingerprint = _frame_digest(frame[list(columns)], settings)
+    replaced = False
+    if out.exists() and any(out.iterdir()):
+        manifest = _read_json(out / MANIFEST)
+        ours = isinstance(manifest, dict) and "fingerprint" in manifest
+        if not ours:
+            raise FileExistsError(
+                f"{out} exists and was not written by write_mds (no {MANIFEST}): it may hold another data set. "
+                "Move or delete it yourself, or choose another output directory.")
+        if existing == "reuse" and manifest["fingerprint"] == fingerprint and (out / "index.json").is_file():
+            return _mds_info(out, reused=True, replaced=False)
+        if existing == "error":
+            raise FileExistsError(f"{out} holds an MDS conversion of other data or settings "
+                                  f"(fingerprint {manifest['fingerprint'][:12]} != {fingerprint[:12]}): "
+                                  "pass existing='rebuild' to replace it, or use another directory.")
+        replaced = True
+
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        values = {name: _column_values(frame[name], enc) for name, enc in columns.items()}
+        with MDSWriter(out=str(tmp), columns=columns, compression=compression, hashes=list(hashes),
+                       size_limit=size_limit) as writer:
+            for i in range(len(frame)):
+                writer.write({name: col[i] for name, col in values.items()})
+        (tmp / MANIFEST).write_text(json.dumps(dict(settings, fingerprint=fingerprint, samples=len(frame)),
+                                               indent=1, sort_keys=True))
+        if replaced:
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if out.exists():
+                out.rmdir()  # empty
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _mds_info(out, reused=False, replaced=replaced)
+
+
+def _column_values(series: pd.Series, encoding: str) -> list:
+    kind = encoding.split(":")[0]
+    if kind in _NUMPY_FOR_ENCODING:
+        return series.to_numpy(_NUMPY_FOR_ENCODING[kind]).tolist()
+    if kind == "ndarray":
+        parts = encoding.split(":")
+        dtype = _NUMPY_FOR_ENCODING.get(parts[1]) if len(parts) > 1 else None
+        return [np.ascontiguousarray(v, dtype=dtype) for v in series]
+    return series.tolist()
+
+
+def _mds_info(out: Path, reused: bool, replaced: bool) -> MDSInfo:
+    index = json.loads((out / "index.json").read_text())
+    shards = []
+    for shard in index["shards"]:
+        stored = shard.get("zip_data") or shard["raw_data"]
+        shards.append({"file": stored["basename"], "samples": shard["samples"], "bytes": stored["bytes"],
+                       "raw_bytes": shard["raw_data"]["bytes"]})
+    return MDSInfo(out, sum(s["samples"] for s in shards), shards, reused=reused, replaced=replaced)
+
+
+def _as_int(values: pd.Series, col: str, source: str) -> pd.Series:
+    if pd.api.types.is_integer_dtype(values):
+        return values.astype(np.int64)
+    numeric = pd.to_numeric(values, errors="coerce")
+    bad = numeric.isna() | (numeric != np.floor(numeric))
+    if bad.any():
+        examples = values[bad].head(3).tolist()
+        raise MovieLensFormatError(
+            f"{source}: column {col!r} must hold integer ids, but {int(bad.sum())} value(s) are not, e.g. "
+            f"{examples}. MovieLens ids are whole numbers: map your ids to integers first "
+            f"(e.g. ratings['{col}'] = ratings['{col}'].astype('category').cat.codes + 1).")
+    return numeric.astype(np.int64)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _frame_digest(frame: pd.DataFrame, settings: dict) -> str:
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    h.update(str(len(frame)).encode())
+    for name in frame.columns:
+        h.update(name.encode())
+        column = frame[name]
+        if column.dtype == object:
+            for v in column:
+                h.update(np.ascontiguousarray(v).tobytes() if isinstance(v, np.ndarray) else repr(v).encode())
+        else:
+            h.update(column.to_numpy().tobytes())
+    return h.hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
