@@ -122,7 +122,7 @@ vertical-align: top; text-align: left; } th { background: #f6f8fa; font-weight: 
 .passed { background: #1a7f37; } .failed { background: #cf222e; } .pending { background: #9a6700; }
 .kv { margin: 0; padding: 0; list-style: none; font-family: ui-monospace, monospace; font-size: 12px; }
 .kv b { font-weight: 700; } .small { font-size: 12px; color: #57606a; } .err { color: #cf222e; }
-img.thumb { width: 220px; border: 1px solid #d0d7de; background: #fff; }
+img.thumb { width: 260px; border: 1px solid #d0d7de; background: #fff; }
 code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 """
 

@@ -73,7 +73,9 @@ def synthetic_run(tmp_path_factory):
         notebooks = make_notebooks(base / "notebooks")
         out = io.StringIO()
         start = time.perf_counter()
-        with contextlib.redirect_stdout(out):
+        # tracking on even where the test command turns it off for the notebooks (GALLERY_TRACKING=off)
+        with contextlib.redirect_stdout(out), gallery.environment(**{tracking.ENV_SWITCH: "on", tracking.ENV_URI: None,
+                                                                     "MLFLOW_TRACKING_URI": None}):
             status = gallery.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
                                    "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
         (run_dir,) = (base / "runs").iterdir()
@@ -234,6 +236,7 @@ def test_unreachable_tracking_server_warns_once_and_carries_on(monkeypatch):
 
     tracking._import_mlflow()  # the import itself is not what this test times
     uri = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
     monkeypatch.setenv(tracking.ENV_URI, uri)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
@@ -256,6 +259,7 @@ def test_record_metrics_logs_dataframe_history_on_rank_zero_only(monkeypatch, tm
     from helpers import record_metrics
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
     monkeypatch.setenv(tracking.ENV_URI, uri)
     monkeypatch.setenv(tracking.ENV_NOTEBOOK, "99_test")
     monkeypatch.delenv(tracking.ENV_RUN_DIR, raising=False)

@@ -329,3 +329,13 @@ def test_index_page_in_headless_chromium(browser, served):
     shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
     (run_dir / "index-screenshot.png").write_bytes(shot)
     assert _png_size(shot) == (1400, 900) and len(shot) > 20_000, "the screenshot is empty"
+
+
+def test_report_can_be_rebuilt_from_a_run_folder(synthetic_run, capsys):  # noqa: F811
+    run_dir = synthetic_run["run_dir"]
+    before = json.loads((run_dir / "summary.json").read_text())
+    assert report.main([str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(run_dir / "index.html")
+    after = json.loads((run_dir / "summary.json").read_text())
+    assert [e["html"] for e in after["notebooks"]] == [e["html"] for e in before["notebooks"]]
+    assert after["notebooks"][0]["error"]["anchor"] == before["notebooks"][0]["error"]["anchor"]
