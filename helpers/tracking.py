@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -194,6 +195,11 @@ def history_metrics(history: Any) -> list[tuple[str, float, int]]:
     return out
 
 
+def _key(name: Any) -> str:
+    """A name MLflow accepts (letters, digits, _ - . space / :), other characters replaced by '_'."""
+    return re.sub(r"[^\w\-. /:]", "_", str(name))[:250] or "_"
+
+
 def _chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -230,6 +236,7 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
         from mlflow.entities import Metric, Param, RunTag
 
         notebook = notebook or notebook_name()
+        figure_error = None
         with _quiet():
             experiment_id = _experiment_id(client, notebook, uri)
             gallery_run = os.environ.get(ENV_RUN_ID)
@@ -242,30 +249,36 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
             run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
             run_id = run.info.run_id
             now = int(time.time() * 1000)
-            logged = [Metric(k, v, now, s) for k, v, s in history_metrics(history)]
+            logged = [Metric(_key(k), v, now, s) for k, v, s in history_metrics(history)]
             last_step = max((m.step for m in logged), default=0)
             finals, text = [], []
             for key, value in metrics.items():
                 number = _number(value)
                 if number is None:
-                    text.append(RunTag(f"metric.{key}", str(value)))
+                    text.append(RunTag(f"metric.{_key(key)}", str(value)[:5000]))
                 else:
-                    finals.append(Metric(key, number, now, last_step))
+                    finals.append(Metric(_key(key), number, now, last_step))
             logged += finals
-            param_list = [Param(str(k), str(v)[:6000]) for k, v in (params or {}).items()]
+            param_list = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()]
             for batch in _chunks(logged, 1000):
                 client.log_batch(run_id, metrics=batch)
             for batch in _chunks(param_list, 100):
                 client.log_batch(run_id, params=batch)
             if text:
                 client.log_batch(run_id, tags=text)
-            if figure_path is not None and Path(figure_path).exists():
-                client.log_artifact(run_id, str(figure_path))
-            elif figure is not None:
-                client.log_figure(run_id, figure, "figure.png")
+            try:  # a figure MLflow cannot save must not lose the run
+                if figure_path is not None and Path(figure_path).exists():
+                    client.log_artifact(run_id, str(figure_path))
+                elif figure is not None:
+                    client.log_figure(run_id, figure, "figure.png")
+            except Exception as e:
+                figure_error = e
             for path in artifacts:
                 client.log_artifact(run_id, str(path))
             client.set_terminated(run_id, status=status)
+        if figure_error is not None:  # (outside _quiet, which silences warnings)
+            warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: {figure_error})",
+                          TrackingWarning, stacklevel=3)
         return {"run_id": run_id, "experiment_id": experiment_id}
     except Exception as e:
         if client is not None and run_id is not None:

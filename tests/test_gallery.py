@@ -268,10 +268,13 @@ def test_record_metrics_logs_dataframe_history_on_rank_zero_only(monkeypatch, tm
     record_metrics(accuracy=0.75, history=history)
     assert not (tmp_path / "mlflow.db").exists()
     monkeypatch.delenv("RANK")
-    record_metrics(accuracy=0.75, history=history, params={"lr": 0.1, "data_dir": None})
+    with pytest.warns(tracking.TrackingWarning, match="could not store the figure"):
+        record_metrics(accuracy=0.75, history=history, params={"lr": 0.1, "data_dir": None, "size(max)": 3},
+                       figure=object())  # a figure MLflow cannot save: warned, the run is kept
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("99_test").experiment_id])
-    assert run.data.params == {"lr": "0.1", "data_dir": "None"}
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.1", "data_dir": "None", "size_max_": "3"}
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
     # the final value is logged at the last step, so MLflow's "latest" is the headline metric
     assert run.data.metrics == {"loss": 1.0, "accuracy": 0.75}
