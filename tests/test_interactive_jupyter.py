@@ -245,4 +245,4 @@ def test_rank_output_live_interrupt_and_rerun(jupyter_server):
     assert len(new_pids) == 2 and not set(new_pids) & (set(pids) | set(seen.values()))
     channel.ws.close()
     server.request("DELETE", f"/api/sessions/{session['id']}")
-    assert time.monotonic() - start < 90
+    assert time.monotonic() - start < 120, "much slower than the ~20 s it takes on 2 loaded cores"
