@@ -1,0 +1,171 @@
+"""The cluster path of the launcher: `@distributed(..., cluster=...)` runs the function as Ray Train workers.
+
+Ray is slow to start (seconds for `ray.init`, tens of seconds for a worker group on 2 cores), so each test
+does as much as it can per launch: three Ray launches in all, about two minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import LaunchError, distributed, worker_context
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _ray_children() -> list[str]:
+    """Command lines of this process's descendants that belong to Ray (raylet, GCS, workers)."""
+    names = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "ray" in cmd and child.status() != psutil.STATUS_ZOMBIE:
+            names.append(cmd[:120])
+    return names
+
+
+def _ray_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def test_bad_arguments_fail_before_ray_starts():
+    import threading
+
+    lock = threading.Lock()
+
+    @distributed(processes=2, cluster="ray")
+    def fn(x):
+        return x
+
+    with pytest.raises(LaunchError, match="cannot be sent to the worker processes"):
+        fn.distributed(lock)
+    with pytest.raises(LaunchError, match="at least 1"):
+        fn.options(processes=0).distributed(1)
+    with pytest.raises(LaunchError, match="cluster=''"):
+        fn.options(cluster="").distributed(1)
+    with pytest.raises(LaunchError, match="max_restarts"):
+        fn.options(max_restarts=-1).distributed(1)
+    assert not _ray_initialized() and not _ray_children()
+
+
+def test_private_instance_runs_ranks_and_leaves_nothing(capfd):
+    """No cluster running: a local Ray instance is started, used, and shut down with every process."""
+    home_token = Path.home() / ".ray" / "auth_token"
+    had_token = home_token.exists()
+
+    @distributed(processes=2, cluster="ray")
+    def train(scale):
+        import torch
+        import torch.distributed as dist
+
+        ctx = worker_context()
+        dist.init_process_group(ctx.backend)   # as under torchrun: the function creates its group
+        total = torch.tensor([float(ctx.rank + 1)])
+        dist.all_reduce(total)
+        print(f"rank {ctx.rank} of {ctx.world_size}: sum {total.item()}")
+        dist.destroy_process_group()
+        return {"rank": ctx.rank, "world": ctx.world_size, "local_world": ctx.local_world_size,
+                "backend": ctx.backend, "sum": total.item() * scale,
+                "attempt": os.environ["TORCHELASTIC_RESTART_COUNT"], "master": os.environ["MASTER_PORT"]}
+
+    results = train.distributed(10)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 and r["local_world"] == 2 and r["backend"] == "gloo" for r in results)
+    assert [r["sum"] for r in results] == [30.0, 30.0]
+    assert [r["attempt"] for r in results] == ["0", "0"]
+    out = capfd.readouterr().out
+    assert "[rank0] rank 0 of 2: sum 3.0" in out and "[rank1] rank 1 of 2: sum 3.0" in out
+    assert not _ray_initialized(), "the private instance must be shut down"
+    assert not _ray_children(), f"Ray processes left behind: {_ray_children()}"
+    assert had_token or not home_token.exists(), "the token must stay in memory, not in ~/.ray"
+
+
+@pytest.fixture
+def attached_ray():
+    """A Ray instance the test started itself: the launcher must use it and leave it running."""
+    from helpers.ray_launcher import ray_session
+
+    with ray_session("ray") as ray:
+        yield ray
+    assert not _ray_children()
+
+
+def test_errors_and_restarts_on_an_existing_instance(attached_ray):
+    """A rank's exception comes back as its own type; max_restarts=1 lets Ray Train restart the group;
+    a Ray Dataset argument reaches each rank as its own shard."""
+    import ray.data
+
+    class BadBatch(ValueError):
+        pass
+
+    @distributed(processes=2, cluster="ray")
+    def flaky(data=None):
+        ctx = worker_context()
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if ctx.rank == 1 and attempt == 0:
+            raise BadBatch(f"rank {ctx.rank} got a bad batch")
+        rows = [int(x) for batch in data.iter_batches(batch_size=4) for x in batch["x"]] if data else []
+        return attempt, rows
+
+    with pytest.raises(BadBatch, match="rank 1 of 2 raised BadBatch") as info:
+        flaky.distributed()
+    assert info.value.rank == 1 and "raise BadBatch" in info.value.remote_traceback
+    assert attached_ray.is_initialized(), "an instance the user started stays up"
+    results = flaky.options(max_restarts=1).distributed(data=ray.data.from_items([{"x": i} for i in range(20)]))
+    assert [attempt for attempt, _ in results] == [1, 1]
+    shards = [rows for _, rows in results]
+    assert sorted(shards[0] + shards[1]) == list(range(20)) and all(shards), shards
+
+
+def test_two_node_cluster_trains_together():
+    """A simulated two-node cluster (one CPU each): the ranks land on different nodes and train one model."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+
+        @distributed(processes=2, cluster=cluster.address)
+        def train(steps):
+            import ray
+            import torch
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ctx = worker_context()
+            dist.init_process_group(ctx.backend)
+            torch.manual_seed(0)
+            model = DDP(torch.nn.Linear(4, 1))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            generator = torch.Generator().manual_seed(ctx.rank)   # each rank its own data
+            x = torch.randn(64, 4, generator=generator)
+            y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+            losses = []
+            for _ in range(steps):
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+            weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+            dist.destroy_process_group()
+            return {"node": ray.get_runtime_context().get_node_id(), "rank": ctx.rank,
+                    "local_rank": ctx.local_rank, "weights": weights, "losses": losses}
+
+        results = train.distributed(30)
+    finally:
+        cluster.shutdown()
+    assert results[0]["node"] != results[1]["node"], "both ranks ran on the same node"
+    assert [r["local_rank"] for r in results] == [0, 0]   # one worker per node
+    assert (results[0]["weights"] == results[1]["weights"]).all(), "DDP kept the replicas identical"
+    assert all(r["losses"][-1] < 0.1 * r["losses"][0] for r in results), "the model did not train"
+    assert not _ray_initialized()
