@@ -61,7 +61,8 @@ def _save_figure(figure: Any, run_dir: str, notebook: str) -> str | None:
 
 
 def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None, figure: Any = None,
-                   tracking_uri: str | None = None, **metrics: Any) -> dict[str, Any]:
+                   tracking_uri: str | None = None, mlflow_run_id: str | None = None,
+                   **metrics: Any) -> dict[str, Any]:
     """Show the headline metrics as a table, store them in the cell's output metadata, track the run.
 
     The gallery runner reads the metrics back from the executed notebook, so a notebook needs no side
@@ -70,8 +71,10 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
     report's thumbnail. With tracking on (the default; see `helpers.tracking`), one MLflow run gets
     `params` (the parameters cell's values), `history` (per-epoch/step records: a list of dicts or a
     DataFrame, one MLflow step each), the metrics and `figure` (the notebook's main matplotlib figure);
-    `tracking_uri` overrides the store (e.g. an MLflow server). Tracking failures warn once and never
-    stop the notebook. Call it on the driver: inside a rank other than 0 nothing is tracked.
+    `tracking_uri` overrides the store (e.g. an MLflow server; `helpers.tracking.resolve_tracking_uri()`
+    gives the store in use, for a notebook whose own logger should write there too); `mlflow_run_id`
+    adds to a run the notebook already made (Lightning's MLFlowLogger, Ray's callback) instead of
+    starting one. Tracking failures warn once and never stop the notebook. Call it on the driver: inside a rank other than 0 nothing is tracked.
     """
     import os
 
@@ -87,7 +90,8 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
         if figure_path:
             meta["figure"] = os.path.relpath(figure_path, run_dir)
         info = tracking.log_notebook_run(metrics=plain, params=params, history=history, figure=figure,
-                                         figure_path=figure_path, tracking_uri=tracking_uri)
+                                         figure_path=figure_path, tracking_uri=tracking_uri,
+                                         continue_run=mlflow_run_id)
         if info:
             meta["tracking"] = info
     text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}" for k, v in plain.items())

@@ -220,8 +220,12 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
                      figure: Any = None, figure_path: str | Path | None = None,
                      tracking_uri: str | None = None, notebook: str | None = None,
                      status: str = "FINISHED", tags: dict[str, str] | None = None,
-                     artifacts: list[str | Path] = ()) -> dict[str, str] | None:
+                     artifacts: list[str | Path] = (), continue_run: str | None = None) -> dict[str, str] | None:
     """Log one notebook run to MLflow; return {"run_id", "experiment_id"}, or None (off, or failed).
+
+    `continue_run`: the id of an MLflow run the notebook already made (e.g. with Lightning's MLFlowLogger
+    on rank 0) to add to, instead of a new one, so that a notebook run stays one MLflow run. Its params
+    and per-step metrics are kept; the gallery tags, final metrics, missing params and figure are added.
 
     Never raises: a failure warns once per store (`TrackingWarning`) and returns None.
     """
@@ -238,18 +242,28 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
         notebook = notebook or notebook_name()
         figure_error = None
         with _quiet():
-            experiment_id = _experiment_id(client, notebook, uri)
             gallery_run = os.environ.get(ENV_RUN_ID)
             run_tags = {"gallery.notebook": notebook, "gallery.host": platform.node(),
                         "mlflow.source.name": f"notebooks/{notebook}.ipynb", "mlflow.source.type": "NOTEBOOK"}
             if gallery_run:
                 run_tags["gallery.run_id"] = gallery_run
             run_tags.update(tags or {})
-            run_name = f"{notebook} {gallery_run or time.strftime('%Y%m%d-%H%M%S')}"
-            run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
-            run_id = run.info.run_id
+            existing_params: dict[str, str] = {}
+            existing_metrics: set[str] = set()
+            if continue_run:  # the notebook's own MLflow run (Lightning's or Ray's logger): add to it
+                run = client.get_run(continue_run)
+                run_id, experiment_id = run.info.run_id, run.info.experiment_id
+                existing_params, existing_metrics = dict(run.data.params), set(run.data.metrics)
+                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags.items()
+                                               if k not in ("mlflow.source.name", "mlflow.source.type")])
+            else:
+                experiment_id = _experiment_id(client, notebook, uri)
+                run_name = f"{notebook} {gallery_run or time.strftime('%Y%m%d-%H%M%S')}"
+                run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
+                run_id = run.info.run_id
             now = int(time.time() * 1000)
-            logged = [Metric(_key(k), v, now, s) for k, v, s in history_metrics(history)]
+            logged = [Metric(_key(k), v, now, s) for k, v, s in history_metrics(history)
+                      if _key(k) not in existing_metrics]  # what the notebook's logger already logged stays
             last_step = max((m.step for m in logged), default=0)
             finals, text = [], []
             for key, value in metrics.items():
@@ -259,7 +273,9 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
                 else:
                     finals.append(Metric(_key(key), number, now, last_step))
             logged += finals
-            param_list = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()]
+            # MLflow params are immutable: one the run already has is not logged again
+            param_list = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()
+                          if _key(k) not in existing_params]
             for batch in _chunks(logged, 1000):
                 client.log_batch(run_id, metrics=batch)
             for batch in _chunks(param_list, 100):
@@ -275,13 +291,14 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
                 figure_error = e
             for path in artifacts:
                 client.log_artifact(run_id, str(path))
-            client.set_terminated(run_id, status=status)
+            if not continue_run:
+                client.set_terminated(run_id, status=status)
         if figure_error is not None:  # (outside _quiet, which silences warnings)
             warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: {figure_error})",
                           TrackingWarning, stacklevel=3)
         return {"run_id": run_id, "experiment_id": experiment_id}
     except Exception as e:
-        if client is not None and run_id is not None:
+        if client is not None and run_id is not None and not continue_run:
             with contextlib.suppress(Exception), _quiet():
                 client.set_terminated(run_id, status="FAILED")
         warn_once(uri, e)

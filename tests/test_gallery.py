@@ -281,3 +281,28 @@ def test_record_metrics_logs_dataframe_history_on_rank_zero_only(monkeypatch, tm
     monkeypatch.setenv(tracking.ENV_SWITCH, "off")
     record_metrics(accuracy=0.1)
     assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_record_metrics_adds_to_the_notebooks_own_mlflow_run(monkeypatch, tmp_path):
+    """A notebook whose training logged to MLflow itself (Lightning's MLFlowLogger) stays one MLflow run."""
+    from mlflow import MlflowClient
+
+    from helpers import record_metrics
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_RUN_ID, "run-42")
+    monkeypatch.setenv(tracking.ENV_NOTEBOOK, "98_own_run")
+    assert tracking.resolve_tracking_uri(uri) == uri
+    client = tracking.client_for(uri)
+    own = client.create_run(client.create_experiment("98_own_run"))
+    client.log_param(own.info.run_id, "lr", "0.01")
+    for step, loss in enumerate([2.0, 1.0]):
+        client.log_metric(own.info.run_id, "train_loss", loss, step=step)
+    client.set_terminated(own.info.run_id)
+    record_metrics(recall=0.3, params={"lr": 0.01, "epochs": 2}, tracking_uri=uri, mlflow_run_id=own.info.run_id,
+                   history=[{"epoch": 1, "train_loss": 9.0}, {"epoch": 2, "train_loss": 9.0, "val": 0.5}])
+    (run,) = MlflowClient(uri).search_runs([own.info.experiment_id])
+    assert run.info.run_id == own.info.run_id and run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.01", "epochs": "2"} and run.data.tags["gallery.run_id"] == "run-42"
+    assert run.data.metrics == {"train_loss": 1.0, "val": 0.5, "recall": 0.3}  # its own losses kept
