@@ -311,7 +311,9 @@ def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, 
     for r in results:
         params = ", ".join(f"{k}={v}" for k, v in r.parameters.items()) or "defaults"
         metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.metrics.items())
-        status = r.status if not r.error else f"{r.status} ({r.error.get('ename')} in cell {r.error.get('cell')})"
+        where = (f"In [{r.error['execution_count']}]" if r.error and r.error.get("execution_count")
+                 else f"cell {r.error.get('cell')}" if r.error else "")
+        status = r.status if not r.error else f"{r.status} ({r.error.get('ename')} in {where})"
         link = f"[{r.notebook}]({r.html or r.output})" if (r.html or r.output) else r.notebook
         seconds = "" if r.seconds is None else r.seconds
         lines.append(f"| {link} | {status} | {seconds} | {params} | {metrics} |")

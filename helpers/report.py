@@ -138,14 +138,16 @@ def _host_text(entry: dict[str, Any], run_host: dict[str, Any]) -> str:
     metrics, params = entry.get("metrics") or {}, entry.get("all_parameters") or entry.get("parameters") or {}
     gpus = host.get("gpus", run_host.get("gpus", 0)) or 0
     gpu_name = host.get("gpu_name") or run_host.get("gpu_name")
-    device = metrics.get("device") or ("cuda" if gpus else "cpu")
     where = (f"GPU × {gpus}" + (f" ({gpu_name})" if gpu_name else "")) if gpus else \
         f"CPU ({host.get('cpus', run_host.get('cpus', '?'))} cores)"
     processes = next((metrics[k] for k in ("processes", "world_size", "num_processes") if k in metrics),
                      params.get("processes"))
     parts = [where]
-    if processes is not None:
-        parts.append(f"{processes} process{'es' if processes != 1 else ''} on {device}")
+    if isinstance(processes, int) and not isinstance(processes, bool):
+        on = f" on {metrics['device']}" if metrics.get("device") else ""
+        parts.append(f"{processes} process{'es' if processes != 1 else ''}{on}")
+    elif processes is not None:
+        parts.append(f"processes={processes!r}")
     return "<br>".join(html.escape(str(p)) for p in parts)
 
 

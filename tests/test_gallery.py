@@ -192,7 +192,7 @@ def test_summary_contents(synthetic_run):
         assert (run_dir / entry["output"]).exists() and (run_dir / entry["html"]).exists()
     assert ok["figure"] == "figures/02_ok.png" and (run_dir / ok["figure"]).stat().st_size > 1000
     md = (run_dir / "summary.md").read_text()
-    assert "| [01_fails](notebooks/01_fails.html) | failed (ValueError in cell" in md
+    assert "| [01_fails](notebooks/01_fails.html) | failed (ValueError in In [4]) |" in md
     assert "| [02_ok](notebooks/02_ok.html) | passed |" in md and "1 passed, 1 failed" in md
 
 
