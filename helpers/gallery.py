@@ -183,7 +183,8 @@ def execute_with_progress(src: Path, dst: Path, parameters: dict[str, Any], time
         pm.execute_notebook(
             str(src), str(dst), parameters=parameters, kernel_name=KERNEL_NAME, cwd=str(src.resolve().parent),
             progress_bar=False, execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
-            **hooks,
+            # ipykernel 7 warns on every start that its loopback TCP sockets are unencrypted: noise here
+            extra_arguments=["--IPKernelApp.log_level=ERROR"], **hooks,
         )
     finally:
         if progress:
