@@ -9,6 +9,7 @@ notebook cell.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -84,6 +85,16 @@ def run(payload_path: str, run_dir: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     pid_path(run_dir, rank, attempt).write_text(str(os.getpid()))
+    try:
+        _run(payload_path, run_dir, rank, attempt)
+    finally:
+        # multiprocessing ends its children with os._exit(), which skips atexit handlers; libraries rely
+        # on them to free resources (MosaicML Streaming unlinks its /dev/shm segments there). Run them now,
+        # as a torchrun worker's normal interpreter exit would.
+        atexit._run_exitfuncs()
+
+
+def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
     try:
         with open(payload_path, "rb") as f:
             payload = cloudpickle.load(f)
