@@ -61,6 +61,31 @@ def _adopt_driver_environment(payload: dict[str, Any]) -> None:
         pass
 
 
+def _own_store_keys_per_attempt(attempt: int) -> None:
+    """Give a restarted group its own keys in the agent's store.
+
+    The elastic agent keeps one TCPStore across restarts (`max_restarts`), but torch's env://
+    rendezvous no longer prefixes the workers' keys with the attempt, so a restarted group reads the
+    dead group's addresses (gloo: "Connection refused", or a hang in init_process_group). Wrapping the
+    env:// handler to prefix them by attempt, as torch itself once did, fixes it; the first attempt is
+    left untouched.
+    """
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import importlib
+
+    from torch.distributed import PrefixStore
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    original = rdzv._rendezvous_handlers["env"]
+
+    def env_handler(url: str, **kwargs: Any):
+        for store, rank, world_size in original(url, **kwargs):
+            yield PrefixStore(f"/helpers/attempt_{attempt}", store), rank, world_size
+
+    rdzv._rendezvous_handlers["env"] = env_handler
+
+
 def _record_failure(run_dir: str, rank: int, attempt: int, exc: BaseException) -> None:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     record: dict[str, Any] = {"rank": rank, "time": time.time(), "traceback": tb,
@@ -103,6 +128,7 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
         if threads:
             torch.set_num_threads(threads)
         os.environ["HELPERS_DIST_BACKEND"] = payload["backend"]
+        _own_store_keys_per_attempt(attempt)
         if payload["device"] == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         fn = payload["fn"]
