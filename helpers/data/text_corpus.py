@@ -1,0 +1,136 @@
+"""A byte-level text corpus that exists on every machine: the Python standard library's own source.
+
+A language model needs text, and nothing may be downloaded. Every Python installation carries a few
+megabytes of real, varied, human-written text: the `.py` files of its standard library (code, comments,
+docstrings). Read as bytes, they give a byte-level corpus (vocabulary 256, no tokenizer to ship) on
+which a small model's learning is easy to measure against a unigram baseline.
+
+The builder writes what language-model pipelines commonly read: flat token files (`train.bin`,
+`val.bin`, one uint8 token per byte, read with `numpy.fromfile` or `numpy.memmap`) plus a
+`manifest.json` naming the source files and the build arguments. `text_path` swaps in a user's corpus
+(one text file, or a folder of them) through the same code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from helpers.data import cache_dir
+
+VOCAB_SIZE = 256  # byte-level tokens: token id == byte value
+# Test suites, installed packages, and the codec tables of `encodings` (machine-generated, not prose).
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings"}
+# The smallest corpus the split accepts: each part must hold a few training windows.
+MIN_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """Where the built corpus lives, and what it holds."""
+
+    train_path: Path
+    val_path: Path
+    manifest: dict[str, Any]
+
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        """(train, val) token arrays (uint8; one token per byte)."""
+        return (np.fromfile(self.train_path, dtype=np.uint8), np.fromfile(self.val_path, dtype=np.uint8))
+
+
+def stdlib_sources() -> list[Path]:
+    """The standard library's .py files (its test suites and installed packages left out), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(root).parts))]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _user_sources(text_path: str | Path) -> list[Path]:
+    path = Path(text_path).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted((p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")),
+                       key=lambda p: p.relative_to(path).as_posix())
+        if not files:
+            raise ValueError(f"text_path={str(text_path)!r} is an empty folder: put text files in it, "
+                             "or pass the path of one text file.")
+        return files
+    raise FileNotFoundError(f"text_path={str(text_path)!r} does not exist: pass a text file, a folder of text "
+                            "files, or None for the built-in corpus (the Python standard library's source).")
+
+
+def _fingerprint(files: list[Path]) -> list[list[Any]]:
+    return [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def build_text_corpus(text_path: str | Path | None = None, *, seed: int = 0, max_bytes: int = 2_000_000,
+                      val_fraction: float = 0.1, root: str | Path | None = None) -> TextCorpus:
+    """Build (or reuse) the byte-level corpus and its train/validation split.
+
+    Files are shuffled with `seed` and taken whole until `max_bytes` (the built-in corpus) or all of them
+    (a user's `text_path`, truncated at `max_bytes` if larger); their bytes are concatenated, and the last
+    `val_fraction` becomes the validation split, so validation text comes mostly from files never trained on.
+    A build with identical arguments and unchanged source files is reused, not rewritten.
+    Raises a ValueError/FileNotFoundError saying what to change, before writing anything.
+    """
+    if not 0.0 < val_fraction < 0.5:
+        raise ValueError(f"val_fraction={val_fraction!r} must be between 0 and 0.5 (e.g. 0.1).")
+    if not isinstance(max_bytes, int) or max_bytes < MIN_BYTES:
+        raise ValueError(f"max_bytes={max_bytes!r} must be an int of at least {MIN_BYTES}.")
+    files = stdlib_sources() if text_path is None else _user_sources(text_path)
+    args = {"source": "python-stdlib" if text_path is None else str(Path(text_path).expanduser().resolve()),
+            "seed": seed, "max_bytes": max_bytes, "val_fraction": val_fraction, "files": _fingerprint(files)}
+    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    out = Path(root) if root is not None else cache_dir("text_corpus", key)
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("args") == args and (out / "train.bin").exists() and (out / "val.bin").exists():
+            return TextCorpus(out / "train.bin", out / "val.bin", manifest)
+
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    chosen, chunks, total = [], [], 0
+    for path in order:
+        if total >= max_bytes:
+            break
+        data = path.read_bytes()[: max_bytes - total]
+        if data:
+            chosen.append(str(path))
+            chunks.append(data)
+            total += len(data)
+    if total < MIN_BYTES:
+        raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are needed "
+                         "for a train/validation split. Point text_path at more text.")
+    corpus = b"".join(chunks)
+    cut = int(len(corpus) * (1 - val_fraction))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in (("train.bin", corpus[:cut]), ("val.bin", corpus[cut:])):
+        tmp = out / f"{name}.tmp"
+        tmp.write_bytes(part)
+        os.replace(tmp, out / name)
+    manifest = {"args": args, "files": chosen, "train_bytes": cut, "val_bytes": len(corpus) - cut,
+                "vocab_size": VOCAB_SIZE, "sha256": hashlib.sha256(corpus).hexdigest()}
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, manifest_path)  # written last: a build interrupted before this point is rebuilt
+    return TextCorpus(out / "train.bin", out / "val.bin", manifest)
+
+
+def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:
+    """Cross-entropy (bits per byte) of `val` under the byte frequencies of `train` (add-one smoothed).
+
+    The baseline a language model must beat: what knowing only how common each byte is gives.
+    """
+    counts = np.bincount(train, minlength=VOCAB_SIZE).astype(np.float64) + 1.0
+    log_p = np.log2(counts / counts.sum())
+    return float(-log_p[val].mean())
