@@ -417,7 +417,7 @@ def distributed(fn: Callable[P, R] | None = None, **options: Any) -> Any:
             f"unknown launch option(s) {sorted(unknown)}; known: {sorted(LaunchOptions.__dataclass_fields__)}"
         )
     opts = LaunchOptions(**options)
-    if opts.start_method == "forkserver" and multiprocessing.current_process().name == "MainProcess":
+    if opts.cluster is None and opts.start_method == "forkserver" and multiprocessing.current_process().name == "MainProcess":
         _prepare_forkserver(start_now=True)
 
     def wrap(f: Callable[P, R]) -> DistributedFunction[P, R]:

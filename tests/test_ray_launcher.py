@@ -88,84 +88,93 @@ def test_private_instance_runs_ranks_and_leaves_nothing(capfd):
     assert had_token or not home_token.exists(), "the token must stay in memory, not in ~/.ray"
 
 
-@pytest.fixture
-def attached_ray():
-    """A Ray instance the test started itself: the launcher must use it and leave it running."""
-    from helpers.ray_launcher import ray_session
-
-    with ray_session("ray") as ray:
-        yield ray
-    assert not _ray_children()
-
-
-def test_errors_and_restarts_on_an_existing_instance(attached_ray):
-    """A rank's exception comes back as its own type; max_restarts=1 lets Ray Train restart the group;
-    a Ray Dataset argument reaches each rank as its own shard."""
-    import ray.data
-
-    class BadBatch(ValueError):
-        pass
-
-    @distributed(processes=2, cluster="ray")
-    def flaky(data=None):
-        ctx = worker_context()
-        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-        if ctx.rank == 1 and attempt == 0:
-            raise BadBatch(f"rank {ctx.rank} got a bad batch")
-        rows = [int(x) for batch in data.iter_batches(batch_size=4) for x in batch["x"]] if data else []
-        return attempt, rows
-
-    with pytest.raises(BadBatch, match="rank 1 of 2 raised BadBatch") as info:
-        flaky.distributed()
-    assert info.value.rank == 1 and "raise BadBatch" in info.value.remote_traceback
-    assert attached_ray.is_initialized(), "an instance the user started stays up"
-    results = flaky.options(max_restarts=1).distributed(data=ray.data.from_items([{"x": i} for i in range(20)]))
-    assert [attempt for attempt, _ in results] == [1, 1]
-    shards = [rows for _, rows in results]
-    assert sorted(shards[0] + shards[1]) == list(range(20)) and all(shards), shards
-
-
-def test_two_node_cluster_trains_together():
-    """A simulated two-node cluster (one CPU each): the ranks land on different nodes and train one model."""
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A simulated two-node Ray cluster on this machine, one CPU per node (shared by the last two tests)."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-
-        @distributed(processes=2, cluster=cluster.address)
-        def train(steps):
-            import ray
-            import torch
-            import torch.distributed as dist
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ctx = worker_context()
-            dist.init_process_group(ctx.backend)
-            torch.manual_seed(0)
-            model = DDP(torch.nn.Linear(4, 1))
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            generator = torch.Generator().manual_seed(ctx.rank)   # each rank its own data
-            x = torch.randn(64, 4, generator=generator)
-            y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
-            losses = []
-            for _ in range(steps):
-                optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-            weights = torch.cat([p.detach().flatten() for p in model.parameters()])
-            dist.destroy_process_group()
-            return {"node": ray.get_runtime_context().get_node_id(), "rank": ctx.rank,
-                    "local_rank": ctx.local_rank, "weights": weights, "losses": losses}
-
-        results = train.distributed(30)
+        yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture
+def attached_ray(two_nodes):
+    """A connection the test made itself (`ray.init`): the launcher must use it and leave it open."""
+    import ray
+
+    ray.init(address=two_nodes.address, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_errors_and_restarts_on_an_existing_instance(attached_ray, capfd):
+    """On a `ray.init()` the test made: a Ray Dataset argument reaches each rank as its shard,
+    max_restarts=1 restarts the group once, and the rank's exception comes back as its own type."""
+    import ray.data
+
+    class BadBatch(ValueError):
+        pass
+
+    @distributed(processes=2, cluster="ray", max_restarts=1)
+    def flaky(data):
+        ctx = worker_context()
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        rows = [int(x) for batch in data.iter_batches(batch_size=4) for x in batch["x"]]
+        print(f"attempt {attempt}: {len(rows)} rows")
+        if ctx.rank == 1:
+            raise BadBatch(f"rank {ctx.rank} got a bad batch")
+
+    with pytest.raises(BadBatch, match="rank 1 of 2 raised BadBatch") as info:
+        flaky.distributed(ray.data.from_items([{"x": i} for i in range(20)]))
+    assert info.value.rank == 1 and "in flaky" in info.value.remote_traceback
+    out = capfd.readouterr().out
+    assert "[rank0] attempt 0: 10 rows" in out and "[rank1] attempt 1: 10 rows" in out, out
+    assert attached_ray.is_initialized(), "a connection the user made stays open"
+
+
+def test_two_node_cluster_trains_together(two_nodes):
+    """Two nodes of one CPU each: the ranks land on different nodes and train one model together.
+
+    The address is given to the launcher, which connects for the call and disconnects afterwards.
+    """
+
+    @distributed(processes=2, cluster=two_nodes.address)
+    def train(steps):
+        import ray
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ctx = worker_context()
+        dist.init_process_group(ctx.backend)
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(ctx.rank)   # each rank its own data
+        x = torch.randn(64, 4, generator=generator)
+        y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+        losses = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+        dist.destroy_process_group()
+        return {"node": ray.get_runtime_context().get_node_id(), "rank": ctx.rank,
+                "local_rank": ctx.local_rank, "weights": weights, "losses": losses}
+
+    results = train.distributed(30)
     assert results[0]["node"] != results[1]["node"], "both ranks ran on the same node"
-    assert [r["local_rank"] for r in results] == [0, 0]   # one worker per node
+    # (LOCAL_RANK stays 0 and 1: Ray counts local ranks per IP address, and both nodes share this machine's.)
     assert (results[0]["weights"] == results[1]["weights"]).all(), "DDP kept the replicas identical"
     assert all(r["losses"][-1] < 0.1 * r["losses"][0] for r in results), "the model did not train"
     assert not _ray_initialized()
