@@ -35,8 +35,8 @@ What differs (Ray decides these, not us):
 * Ray Train's own API works inside the function (`ray.train.report`, `ray.train.get_checkpoint()`):
   checkpoints are written under `log_dir` (default: a temporary folder removed afterwards; on a real
   multi-node cluster, point `log_dir` at storage every node can reach).
-* an interrupt (kernel stop) stops the training: a private instance is shut down; on an existing cluster
-  the launcher asks Ray Train's controller to abort.
+* an interrupt (kernel stop) is handled by Ray Train, which aborts the run and stops its workers; a
+  private instance is then shut down as well.
 * output written below Python (C libraries writing to file descriptor 1/2) is not forwarded: it stays
   in Ray's log files (`log_to_driver` is off for a private instance).
 """
