@@ -8,29 +8,53 @@ unigram baseline, FSDP == DDP, resumed == uninterrupted) run inside it; a failin
 
 import pytest
 
-from tests.conftest import ROOT, stream_text
+from tests.conftest import stream_text
 
 pytestmark = pytest.mark.notebook
 
-SMALL = dict(n_layers=2, steps=60, checkpoint_every=20, parity_steps=2, eval_batches=2)
 
 
-def test_one_process_on_user_text(run_notebook):
-    nb, metrics = run_notebook("04_fsdp_transformer", processes=1, text_path=str(ROOT / "helpers"),
-                               fail_at_step=None, **SMALL)
+@pytest.fixture(autouse=True)
+def passive_openmp_threads(monkeypatch):
+    """Sleeping, not spinning, OpenMP threads (inherited by the kernel and the ranks it launches).
+
+    On a 2-core machine shared with other jobs, a process with 2 spinning OpenMP threads (processes=1)
+    ran 13x slower than with 1 thread; with OMP_WAIT_POLICY=PASSIVE it is as fast as expected.
+    """
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+
+
+SMALL = dict(steps=60, checkpoint_every=20, parity_steps=2, eval_batches=2)
+
+
+def test_one_process_on_user_text(run_notebook, tmp_path):
+    """text_path: a folder of the user's text files (here, three standard-library packages copied out)."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for package in ("email", "json", "http"):
+        shutil.copytree(stdlib / package, tmp_path / "corpus" / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    nb, metrics = run_notebook("04_fsdp_transformer", processes=1, text_path=str(tmp_path / "corpus"),
+                               fail_at_step=None, **dict(SMALL, steps=100, checkpoint_every=50))
     assert metrics["processes"] == 1
-    assert metrics["val_bits_per_byte"] < metrics["unigram_bits_per_byte"] - 1.0
+    assert metrics["val_bits_per_byte"] < metrics["unigram_bits_per_byte"] - 0.5
     assert metrics["parity_max_abs_diff"] < 1e-4
     out = stream_text(nb)
     assert "crash demo skipped" in out
-    assert "[rank0] step   60" in out     # the rank's own lines reached the cell, prefixed
+    assert "[rank0] step  100" in out     # the rank's own lines reached the cell, prefixed
 
 
 def test_crash_and_resume(run_notebook, tmp_path):
-    """A rank dies at step 30; the group restarts, resumes from step 20 and matches the uninterrupted run."""
+    """A rank dies at step 30; the group restarts, resumes from step 20 and matches the uninterrupted run.
+
+    With activation checkpointing on: recomputing activations must not change a single loss.
+    """
     ckpt = tmp_path / "ckpt"
     nb, metrics = run_notebook("04_fsdp_transformer", processes=2, fail_at_step=30, checkpoint_dir=str(ckpt),
-                               **SMALL)
+                               activation_checkpointing=True, **SMALL)
     out = stream_text(nb)
     assert "[rank1] rank 1: simulated crash at step 30" in out
     assert "[rank0] attempt 1: resumed from step_000020" in out

@@ -58,8 +58,9 @@ def _user_sources(text_path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")),
-                       key=lambda p: p.relative_to(path).as_posix())
+        files = sorted((p for p in path.rglob("*") if p.is_file() and not any(
+            part.startswith(".") or part == "__pycache__" for part in p.relative_to(path).parts)),
+            key=lambda p: p.relative_to(path).as_posix())
         if not files:
             raise ValueError(f"text_path={str(text_path)!r} is an empty folder: put text files in it, "
                              "or pass the path of one text file.")
