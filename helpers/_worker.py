@@ -88,7 +88,7 @@ def _own_store_keys_per_attempt(attempt: int) -> None:
 
 def _record_failure(run_dir: str, rank: int, attempt: int, exc: BaseException) -> None:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    record: dict[str, Any] = {"rank": rank, "time": time.time(), "traceback": tb,
+    record: dict[str, Any] = {"rank": rank, "attempt": attempt, "time": time.time(), "traceback": tb,
                               "type_name": type(exc).__qualname__, "message": str(exc)}
     try:
         record["exception"] = cloudpickle.dumps(exc)

@@ -172,6 +172,9 @@ def _prepare_forkserver(start_now: bool = False) -> None:
     """
     global _FORKSERVER_READY
     if not _FORKSERVER_READY:
+        # Spinning OpenMP threads steal the cores of the other ranks on a CPU launch; libgomp reads this
+        # once, when the forkserver imports torch, so it is set before the server starts.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         # torch._dynamo (and DCP, which imports more) load lazily on first use by FSDP2, DeepSpeed and
         # Lightning: about 4-8 s in every rank of every launch unless the forkserver has them already.
         multiprocessing.get_context("forkserver").set_forkserver_preload(
@@ -264,11 +267,14 @@ def _rebuild_exception(record: dict[str, Any], world_size: int) -> BaseException
 
 
 def _failure_from_run(run_dir: Path, rank: int | None, failure: Any, world_size: int) -> BaseException:
-    """Pick the root-cause rank (the earliest exception recorded) and rebuild its exception."""
+    """Pick the root-cause rank (the earliest exception of the last attempt) and rebuild its exception."""
     records = []
     for path in run_dir.glob("error-*.pkl"):
         with contextlib.suppress(Exception):
             records.append(cloudpickle.loads(path.read_bytes()))
+    if records:  # after elastic restarts, what ended the job is the last attempt's failure
+        last = max(r.get("attempt", 0) for r in records)
+        records = [r for r in records if r.get("attempt", 0) == last]
     # Ranks that failed because a peer died (broken collectives) raise later than the peer did.
     interrupted = [r for r in records if r["type_name"] == "KeyboardInterrupt"]
     real = [r for r in records if r["type_name"] != "KeyboardInterrupt"] or interrupted

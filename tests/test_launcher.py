@@ -314,3 +314,27 @@ def test_script_main_module_is_not_rerun_in_workers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("[0, 1]")
     assert len(marker.read_text().split()) == 1
+
+
+def test_restarted_group_reinitialises_its_process_group_and_reports_the_last_failure():
+    """A restart must not read the dead group's store keys; the error raised is the last attempt's."""
+
+    @distributed(processes=2, max_restarts=1)
+    def collective(fail_attempts):
+        import torch
+        import torch.distributed as dist
+
+        from helpers import worker_context
+
+        ctx = worker_context()
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        dist.init_process_group(ctx.backend)
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)
+        if attempt in fail_attempts and ctx.rank == 1:
+            raise RuntimeError(f"attempt {attempt} failed")
+        return attempt, t.item()
+
+    assert collective.distributed([0]) == [(1, 2.0), (1, 2.0)]
+    with pytest.raises(RuntimeError, match="attempt 1 failed"):
+        collective.distributed([0, 1])
