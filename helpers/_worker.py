@@ -40,6 +40,18 @@ def pid_path(run_dir: str | Path, rank: int, attempt: int) -> Path:
     return Path(run_dir) / f"pid-{rank}-attempt{attempt}"
 
 
+def serialise_result(fn: Any, rank: int, result: Any) -> bytes:
+    """cloudpickle the return value, or say what to return instead."""
+    try:
+        return cloudpickle.dumps(result)
+    except Exception as e:
+        raise TypeError(
+            f"the return value of {getattr(fn, '__name__', fn)!r} on rank {rank} cannot be serialised "
+            f"({type(e).__name__}: {e}). Return plain Python values, numpy arrays or CPU tensors "
+            "(call .cpu() / .item()), not open files, locks, process groups or CUDA handles."
+        ) from e
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(data)
@@ -133,15 +145,7 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         fn = payload["fn"]
         result = fn(*payload["args"], **payload["kwargs"])
-        try:
-            data = cloudpickle.dumps(result)
-        except Exception as e:
-            raise TypeError(
-                f"the return value of {getattr(fn, '__name__', fn)!r} on rank {rank} cannot be serialised "
-                f"({type(e).__name__}: {e}). Return plain Python values, numpy arrays or CPU tensors "
-                "(call .cpu() / .item()), not open files, locks, process groups or CUDA handles."
-            ) from e
-        _atomic_write(result_path(run_dir, rank), data)
+        _atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
     except BaseException as exc:
         _record_failure(run_dir, rank, attempt, exc)
         raise

@@ -44,8 +44,11 @@ def check_parameters(path: str | Path, parameters: dict[str, Any]) -> None:
 
 
 def execute_notebook(src: str | Path, dst: str | Path, parameters: dict[str, Any] | None = None,
-                     timeout: int = 900, progress: bool = False) -> nbformat.NotebookNode:
-    """Run `src` into `dst`. Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
+                     timeout: int = 900, progress: bool = False, **hooks: Any) -> nbformat.NotebookNode:
+    """Run `src` into `dst`. Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept.
+
+    `hooks` go to papermill's engine (e.g. `on_cell_start=...`, as the gallery runner's progress line uses).
+    """
     import papermill as pm
 
     parameters = parameters or {}
@@ -55,20 +58,31 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: dict[str, Any
         str(src), str(dst), parameters=parameters, kernel_name=KERNEL_NAME,
         cwd=str(Path(src).resolve().parent), progress_bar=progress, execution_timeout=timeout,
         log_output=False, request_save_on_cell_execute=True,
+        # ipykernel 7 warns on every start that its loopback TCP sockets are unencrypted: noise here
+        extra_arguments=["--IPKernelApp.log_level=ERROR"], **hooks,
     )
+
+
+def record_metadata(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
+    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure, tracking)."""
+    if not isinstance(nb, nbformat.NotebookNode):
+        nb = nbformat.read(str(nb), as_version=4)
+    meta: dict[str, Any] = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            found = out.get("metadata", {}).get(METADATA_KEY)
+            if found:
+                for key, value in found.items():
+                    if isinstance(value, dict):
+                        meta.setdefault(key, {}).update(value)
+                    else:
+                        meta[key] = value
+    return meta
 
 
 def read_metrics(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
     """Every metric the notebook recorded with `helpers.record_metrics`, later values winning."""
-    if not isinstance(nb, nbformat.NotebookNode):
-        nb = nbformat.read(str(nb), as_version=4)
-    metrics: dict[str, Any] = {}
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            meta = out.get("metadata", {}).get(METADATA_KEY)
-            if meta:
-                metrics.update(meta.get("metrics", {}))
-    return metrics
+    return record_metadata(nb).get("metrics", {})
 
 
 def first_error(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any] | None:

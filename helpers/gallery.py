@@ -24,23 +24,19 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 from helpers import tracking
-from helpers.execute import KERNEL_NAME, check_parameters, first_error, notebook_parameters
-from helpers.metrics import METADATA_KEY
+from helpers._env import temporary_environ
+from helpers.execute import execute_notebook, first_error, notebook_parameters, record_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -174,57 +170,12 @@ def execute_with_progress(src: Path, dst: Path, parameters: dict[str, Any], time
                           progress: CellProgress | None) -> None:
     """helpers.execute.execute_notebook's papermill call (same kernel, cwd and checks) plus per-cell hooks.
     Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
-    import papermill as pm
-
-    check_parameters(src, parameters)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     hooks = {"on_notebook_start": progress.notebook_start, "on_cell_start": progress.cell_start} if progress else {}
     try:
-        pm.execute_notebook(
-            str(src), str(dst), parameters=parameters, kernel_name=KERNEL_NAME, cwd=str(src.resolve().parent),
-            progress_bar=False, execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
-            # ipykernel 7 warns on every start that its loopback TCP sockets are unencrypted: noise here
-            extra_arguments=["--IPKernelApp.log_level=ERROR"], **hooks,
-        )
+        execute_notebook(src, dst, parameters, timeout=timeout, **hooks)
     finally:
         if progress:
             progress.close()
-
-
-def record_metadata(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
-    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure, tracking)."""
-    if not isinstance(nb, nbformat.NotebookNode):
-        nb = nbformat.read(str(nb), as_version=4)
-    meta: dict[str, Any] = {}
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            found = out.get("metadata", {}).get(METADATA_KEY)
-            if found:
-                for key, value in found.items():
-                    if isinstance(value, dict):
-                        meta.setdefault(key, {}).update(value)
-                    else:
-                        meta[key] = value
-    return meta
-
-
-@contextlib.contextmanager
-def environment(**values: str | None) -> Iterator[None]:
-    """Set (or, for None, unset) environment variables for the kernels started inside, then restore."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _track_after(result: NotebookResult, run_dir: Path, tracking_uri: str | None) -> None:
@@ -263,7 +214,7 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
     started = dt.datetime.now().isoformat(timespec="seconds")
     run_env = {tracking.ENV_RUN_ID: run_dir.name, tracking.ENV_RUN_DIR: str(run_dir.resolve()),
                tracking.ENV_URI: tracking_uri, tracking.ENV_SWITCH: "on" if tracking_uri else "off"}
-    with environment(**run_env):
+    with temporary_environ(run_env):
         for i, (nb, result) in enumerate(zip(notebooks, results, strict=True), 1):
             params = result.parameters
             shown = " ".join(f"{k}={v!r}" for k, v in params.items()) or "defaults"
@@ -271,7 +222,7 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
             dst = out_dir / nb.name
             start = time.perf_counter()
             status, error = "passed", None
-            with environment(**{tracking.ENV_NOTEBOOK: nb.stem}):
+            with temporary_environ({tracking.ENV_NOTEBOOK: nb.stem}):
                 try:
                     execute_with_progress(nb, dst, params, timeout,
                                           CellProgress(f"[{i}/{len(notebooks)}] {nb.stem}") if progress else None)

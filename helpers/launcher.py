@@ -36,6 +36,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import cloudpickle
 
 from helpers import _worker
+from helpers._env import temporary_environ
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -326,16 +327,10 @@ class DistributedFunction(Generic[P, R]):
         single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                   "HELPERS_DIST_BACKEND": plan_launch(replace(self._options, processes=1)).backend}
-        saved = {k: os.environ.get(k) for k in single}
-        os.environ.update({k: v for k, v in single.items() if k == "MASTER_PORT" or os.environ.get(k) is None})
         try:
-            return self._fn(*args, **kwargs)
+            with temporary_environ(single, keep_existing=set(single) - {"MASTER_PORT"}):
+                return self._fn(*args, **kwargs)
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():

@@ -60,6 +60,8 @@ from typing import Any
 
 import cloudpickle
 
+from helpers._env import temporary_environ
+from helpers._worker import serialise_result
 from helpers.launcher import LaunchError, LaunchOptions, RankFailedError, _rebuild_exception
 
 DEFAULT_CPU_WORKERS = 2
@@ -211,14 +213,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
     sys.stderr = _ForwardingStream(collector, rank, "stderr", streams[1])
     try:
         result = fn(*args, **kwargs)
-        try:
-            data = cloudpickle.dumps(result)
-        except Exception as e:
-            raise TypeError(
-                f"the return value of {getattr(fn, '__name__', fn)!r} on rank {rank} cannot be serialised "
-                f"({type(e).__name__}: {e}). Return plain Python values, numpy arrays or CPU tensors "
-                "(call .cpu() / .item()), not open files, locks, process groups or CUDA handles."
-            ) from e
+        data = serialise_result(fn, rank, result)
     except BaseException as exc:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -327,20 +322,6 @@ def _serialise(fn: Callable, args: tuple, kwargs: dict, backend: str, device: st
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: v for k, v in values.items() if os.environ.get(k) is None})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool = False,
                 log_to_driver: bool = False) -> Iterator[Any]:
     """Be connected to Ray for the duration of the block, and leave things as they were afterwards.
@@ -384,7 +365,7 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     cpus = max(os.cpu_count() or 1, num_cpus or 0)
     try:
-        with _environment(auth):
+        with temporary_environ(auth, keep_existing=auth):
             _refresh_auth_config(bool(auth))
             ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir, **quiet)
             try:
@@ -487,7 +468,7 @@ def launch_on_ray(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None 
     _serialise(fn, args, kwargs, options.backend or "gloo", "cpu", options.threads_per_process)
     cpus_needed = options.processes if isinstance(options.processes, int) else DEFAULT_CPU_WORKERS
 
-    with _environment({} if verbose else _RAY_QUIET_ENV), ray_session(options.cluster, cpus_needed, verbose) as ray:
+    with temporary_environ({} if verbose else _RAY_QUIET_ENV, keep_existing=_RAY_QUIET_ENV), ray_session(options.cluster, cpus_needed, verbose) as ray:
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 

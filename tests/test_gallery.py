@@ -20,6 +20,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from helpers import gallery, tracking
+from helpers._env import temporary_environ
 
 OK_CODE = """import matplotlib
 matplotlib.use("agg")
@@ -74,8 +75,8 @@ def synthetic_run(tmp_path_factory):
         out = io.StringIO()
         start = time.perf_counter()
         # tracking on even where the test command turns it off for the notebooks (GALLERY_TRACKING=off)
-        with contextlib.redirect_stdout(out), gallery.environment(**{tracking.ENV_SWITCH: "on", tracking.ENV_URI: None,
-                                                                     "MLFLOW_TRACKING_URI": None}):
+        tracking_on = {tracking.ENV_SWITCH: "on", tracking.ENV_URI: None, "MLFLOW_TRACKING_URI": None}
+        with contextlib.redirect_stdout(out), temporary_environ(tracking_on):
             status = gallery.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
                                    "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
         (run_dir,) = (base / "runs").iterdir()
