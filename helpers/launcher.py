@@ -176,10 +176,12 @@ def _prepare_forkserver(start_now: bool = False) -> None:
         # Spinning OpenMP threads steal the cores of the other ranks on a CPU launch; libgomp reads this
         # once, when the forkserver imports torch, so it is set before the server starts.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # torch._dynamo (and DCP, which imports more) load lazily on first use by FSDP2, DeepSpeed and
-        # Lightning: about 4-8 s in every rank of every launch unless the forkserver has them already.
-        multiprocessing.get_context("forkserver").set_forkserver_preload(
-            ["helpers._worker", "torch._dynamo", "torch.distributed.checkpoint"])
+        # Only torch by default: every extra module delays the first launch by its import time (torch._dynamo
+        # ~0.7 s, DCP ~0.3 s), which is what a cold launch pays. Notebooks that launch many times with FSDP,
+        # DeepSpeed or Lightning (which import dynamo lazily in every rank) can add them: HELPERS_PRELOAD=
+        # "torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
+        extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["helpers._worker", *extra])
         _FORKSERVER_READY = True
     if start_now:
         from multiprocessing import forkserver
