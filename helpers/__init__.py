@@ -11,6 +11,7 @@ from helpers.launcher import (
     launch,
 )
 from helpers.metrics import record_metrics
+from helpers.progress import progress_bar
 
 __all__ = [
     "DistributedFunction",
@@ -21,6 +22,7 @@ __all__ = [
     "WorkerContext",
     "distributed",
     "launch",
+    "progress_bar",
     "record_metrics",
     "worker_context",
 ]

@@ -20,12 +20,17 @@ from typing import Any
 import cloudpickle
 import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
 
+from helpers.progress import ENV_DIR, ENV_SWITCH
+
 # Variables the elastic agent sets for each worker; the driver's copies (if any) must not replace them.
 _ELASTIC_KEYS = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 }
+
+
+PROGRESS_FOLDER = "progress"  # under the launch folder: rank 0's bar states (helpers.progress)
 
 
 def result_path(run_dir: str | Path, rank: int) -> Path:
@@ -140,6 +145,11 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
         if threads:
             torch.set_num_threads(threads)
         os.environ["HELPERS_DIST_BACKEND"] = payload["backend"]
+        if payload.get("progress"):  # the launching process draws rank 0's bars from this folder
+            os.environ[ENV_DIR] = str(Path(run_dir) / PROGRESS_FOLDER)
+        else:  # nobody draws them: never fall back to tqdm in this worker's log
+            os.environ.pop(ENV_DIR, None)
+            os.environ[ENV_SWITCH] = "off"
         _own_store_keys_per_attempt(attempt)
         if payload["device"] == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -37,6 +37,7 @@ import cloudpickle
 
 from helpers import _worker
 from helpers._env import temporary_environ
+from helpers.progress import progress_view, watch_progress_dir
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -76,6 +77,9 @@ class LaunchOptions:
     # a private local Ray instance started and stopped around the call; "auto" or an address such as
     # "ray://head:10001": that Ray cluster. See helpers.ray_launcher for what differs on a cluster.
     cluster: str | None = None
+    # Rank 0's helpers.progress_bar drawn in this process: None (automatic: in Jupyter or a terminal),
+    # True, or False. HELPERS_PROGRESS=off turns it off everywhere.
+    progress: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ def plan_launch(options: LaunchOptions) -> LaunchPlan:
         raise LaunchError(f"backend={backend!r} is not a torch.distributed backend: use 'nccl' or 'gloo'.")
     if not isinstance(options.max_restarts, int) or options.max_restarts < 0:
         raise LaunchError(f"max_restarts={options.max_restarts!r} must be a whole number >= 0.")
+    if options.progress is not None and not isinstance(options.progress, bool):
+        raise LaunchError(f"progress={options.progress!r}: use True, False, or None (automatic).")
     if options.start_method not in ("forkserver", "spawn"):
         raise LaunchError(
             f"start_method={options.start_method!r}: use 'forkserver' (fast re-runs) or 'spawn'. "
@@ -139,10 +145,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: LaunchPlan, threads: int | None) -> bytes:
+def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: LaunchPlan, threads: int | None,
+                       progress: bool = False) -> bytes:
     payload = {
         "fn": fn, "args": args, "kwargs": kwargs, "backend": plan.backend, "device": plan.device,
         "threads": threads, "env": dict(os.environ), "sys_path": list(sys.path), "cwd": os.getcwd(),
+        "progress": progress,
     }
     try:
         return cloudpickle.dumps(payload)
@@ -361,7 +369,11 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict | None = None,
     threads = options.threads_per_process
     if threads is None and plan.device == "cpu":
         threads = max(1, (os.cpu_count() or 1) // plan.processes)
-    payload = _serialise_payload(fn, args, kwargs, plan, threads)  # fails here, before any process
+    try:
+        view = progress_view(options.progress)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    payload = _serialise_payload(fn, args, kwargs, plan, threads, view is not None)  # fails here, before any process
 
     run_dir = Path(tempfile.mkdtemp(prefix="helpers-launch-"))
     keep_logs = options.log_dir is not None
@@ -385,7 +397,8 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict | None = None,
     )
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     try:
-        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun():
+        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun(), \
+                watch_progress_dir(run_dir / _worker.PROGRESS_FOLDER, view):
             try:
                 elastic_launch(config, _worker.run)(str(payload_path), str(run_dir))
             except ChildFailedError as e:

@@ -63,6 +63,7 @@ import cloudpickle
 from helpers._env import temporary_environ
 from helpers._worker import serialise_result
 from helpers.launcher import LaunchError, LaunchOptions, RankFailedError, _rebuild_exception
+from helpers.progress import ENV_SWITCH, progress_view, relay_ray_progress
 
 DEFAULT_CPU_WORKERS = 2
 _POLL_SECONDS = 0.2
@@ -188,6 +189,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
     os.environ["MPLBACKEND"] = "Agg"
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
     os.environ["HELPERS_DIST_BACKEND"] = payload["backend"]
+    if not payload.get("progress"):  # nobody draws rank 0's bars: never fall back to tqdm in the log
+        os.environ[ENV_SWITCH] = "off"
     for path in reversed(payload["sys_path"]):  # the driver's import paths (the repo, the notebook folder)
         if path not in sys.path:
             sys.path.insert(1, path)
@@ -294,6 +297,8 @@ def _check_options(options: LaunchOptions) -> None:
         raise LaunchError(f"max_restarts={options.max_restarts!r} must be a whole number >= 0.")
     if options.backend not in (None, "nccl", "gloo"):
         raise LaunchError(f"backend={options.backend!r}: Ray Train workers use 'nccl' (GPUs) or 'gloo' (CPU).")
+    if options.progress is not None and not isinstance(options.progress, bool):
+        raise LaunchError(f"progress={options.progress!r}: use True, False, or None (automatic).")
 
 
 def _take_datasets(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, Any]]:
@@ -314,11 +319,12 @@ def _take_datasets(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, An
     return new_args, new_kwargs, datasets
 
 
-def _serialise(fn: Callable, args: tuple, kwargs: dict, backend: str, device: str, threads: int | None) -> bytes:
+def _serialise(fn: Callable, args: tuple, kwargs: dict, backend: str, device: str, threads: int | None,
+               progress: bool = False) -> bytes:
     from helpers.launcher import LaunchPlan, _serialise_payload
 
     plan = LaunchPlan(processes=1, device=device, backend=backend)
-    return _serialise_payload(fn, args, kwargs, plan, threads)
+    return _serialise_payload(fn, args, kwargs, plan, threads, progress)
 
 
 @contextlib.contextmanager
@@ -463,6 +469,10 @@ def launch_on_ray(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None 
     options = options or LaunchOptions(cluster="ray")
     kwargs = kwargs or {}
     _check_options(options)
+    try:
+        view_wanted = progress_view(options.progress) is not None
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     args, kwargs, datasets = _take_datasets(args, kwargs)
     # Fail on an unpicklable argument before anything starts. The device is settled once connected.
     _serialise(fn, args, kwargs, options.backend or "gloo", "cpu", options.threads_per_process)
@@ -485,7 +495,7 @@ def launch_on_ray(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None 
                 f"pass processes={gpus} (or 'auto'), or device='cpu'."
             )
         backend = options.backend or ("nccl" if device == "cuda" else "gloo")
-        payload = _serialise(fn, args, kwargs, backend, device, options.threads_per_process)
+        payload = _serialise(fn, args, kwargs, backend, device, options.threads_per_process, view_wanted)
 
         run_dir = Path(options.log_dir) if options.log_dir else Path(tempfile.mkdtemp(prefix="helpers-ray-"))
         collector = ray.remote(num_cpus=0)(_Collector).remote()
@@ -515,7 +525,8 @@ def launch_on_ray(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None 
         printer.start()
         error: BaseException | None = None
         try:
-            trainer.fit()
+            with relay_ray_progress(view_wanted):  # rank 0's progress_bar, drawn here
+                trainer.fit()
         except KeyboardInterrupt:
             raise KeyboardInterrupt("interrupted: the Ray Train run was stopped") from None
         except Exception as e:  # TrainingFailedError and friends: rebuilt below from what the ranks sent

@@ -6,6 +6,8 @@ REST API like JupyterLab does, and talks to the kernel over the `/api/kernels/<i
 on 2 CPU processes with a tiny function printing per rank, and checks:
 
 * the ranks' lines arrive on iopub while the cell is still running (before its execute_reply);
+* rank 0's `progress_bar` is one display in the cell, updated in place while the cell runs
+  (`update_display_data`), ending at n == total; rank 1's bar is not drawn, and no `\r` reaches the output;
 * an interrupt (`POST /api/kernels/<id>/interrupt`, the toolbar's stop button) during a long launch
   makes the cell raise KeyboardInterrupt, and the worker processes it started are gone;
 * a second Run All of the same cells in the same kernel works;
@@ -37,12 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SETUP = """import os
 import time
 
-from helpers import distributed, worker_context"""
+from helpers import distributed, progress_bar, worker_context"""
 DEFINE = """@distributed(processes=2, device="cpu")
 def tick(n, delay):
     ctx = worker_context()
     print(f"pid {os.getpid()} rank {ctx.rank} ready", flush=True)
-    for i in range(n):
+    for i in progress_bar(range(n), desc="ticks", unit="tick"):
         time.sleep(delay)
         print(f"tick {i} rank {ctx.rank}", flush=True)
     return os.getpid()"""
@@ -163,7 +165,7 @@ class KernelChannel:
             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},
         }))
-        result = {"stream": [], "error": None, "reply": None, "reply_at": None}
+        result = {"stream": [], "error": None, "reply": None, "reply_at": None, "displays": []}
         idle = False
         deadline = time.monotonic() + timeout
         while result["reply"] is None or not idle:
@@ -176,6 +178,8 @@ class KernelChannel:
                 result["stream"].append((time.monotonic(), msg["content"]["text"]))
                 if on_output:
                     on_output(msg["content"]["text"])
+            elif kind in ("display_data", "update_display_data"):
+                result["displays"].append((time.monotonic(), kind, msg["content"]))
             elif kind == "error":
                 result["error"] = msg["content"]
             elif kind == "execute_reply":
@@ -194,6 +198,20 @@ class KernelChannel:
 
 def _text(result: dict) -> str:
     return "".join(text for _, text in result["stream"])
+
+
+def _check_progress_bar(result: dict, total: int) -> None:
+    """One bar (rank 0's), shown early, updated live, finished at n == total."""
+    bars = [(t, kind, c) for t, kind, c in result["displays"] if "helpers_progress" in c.get("metadata", {})]
+    assert bars, f"no progress bar was displayed; displays: {result['displays']}"
+    assert bars[0][1] == "display_data" and all(kind == "update_display_data" for _, kind, _ in bars[1:]), bars
+    ids = {c["transient"]["display_id"] for _, _, c in bars}
+    assert len(ids) == 1, f"more than one bar was drawn (rank 1's too?): {ids}"
+    states = [c["metadata"]["helpers_progress"] for _, _, c in bars]
+    assert states[-1]["n"] == total and states[-1]["total"] == total and states[-1]["closed"], states[-1]
+    live = [t for (t, _, _), s in zip(bars, states, strict=True) if 0 < s["n"] < total]
+    assert live and result["reply_at"] - live[0] > 1.0, "the bar did not move while the cell ran"
+    assert f"{total}/{total}" in bars[-1][2]["data"]["text/plain"], bars[-1][2]["data"]
 
 
 def test_rank_output_live_interrupt_and_rerun(jupyter_server):
@@ -216,6 +234,8 @@ def test_rank_output_live_interrupt_and_rerun(jupyter_server):
     first_tick = next(t for t, s in launch["stream"] if "tick 0" in s)
     assert launch["reply_at"] - first_tick > 1.0, "rank output only arrived when the cell finished"
     pids = [int(p) for p in re.findall(r"returned \[(\d+), (\d+)\]", text)[0]]
+    assert "\r" not in text, "a carriage return reached the cell's output"
+    _check_progress_bar(launch, total=6)
 
     # Interrupt during a long launch: the cell raises KeyboardInterrupt, the workers are gone
     seen: dict[int, int] = {}

@@ -7,12 +7,13 @@ does as much as it can per launch: three Ray launches in all, about two minutes 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers import LaunchError, distributed, worker_context
+from helpers import LaunchError, distributed, progress_bar, worker_context
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -139,11 +140,19 @@ def test_errors_and_restarts_on_an_existing_instance(attached_ray, capfd):
     assert attached_ray.is_initialized(), "a connection the user made stays open"
 
 
-def test_two_node_cluster_trains_together(two_nodes):
+def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
     """Two nodes of one CPU each: the ranks land on different nodes and train one model together.
 
     The address is given to the launcher, which connects for the call and disconnects afterwards.
+    Rank 0's progress bar travels through the relay actor and is drawn by the driver.
     """
+    import helpers.progress
+    import helpers.ray_launcher
+    from tests.test_progress import RecordingView
+
+    view = RecordingView()
+    monkeypatch.setattr(helpers.ray_launcher, "progress_view", lambda enabled=None: view)
+    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
 
     @distributed(processes=2, cluster=two_nodes.address)
     def train(steps):
@@ -161,7 +170,8 @@ def test_two_node_cluster_trains_together(two_nodes):
         x = torch.randn(64, 4, generator=generator)
         y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
         losses = []
-        for _ in range(steps):
+        for _ in progress_bar(range(steps), desc=f"rank {ctx.rank}", unit="step"):
+            time.sleep(0.03)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
             loss.backward()
@@ -178,3 +188,7 @@ def test_two_node_cluster_trains_together(two_nodes):
     assert (results[0]["weights"] == results[1]["weights"]).all(), "DDP kept the replicas identical"
     assert all(r["losses"][-1] < 0.1 * r["losses"][0] for r in results), "the model did not train"
     assert not _ray_initialized()
+    states = [s for _, s in view.drawn]
+    assert states and {s["desc"] for s in states} == {"rank 0"}, "rank 0's bar, and only it, reaches the driver"
+    assert states[-1]["n"] == states[-1]["total"] == 30 and states[-1]["closed"], states[-1]
+    assert any(0 < s["n"] < 30 for s in states), "the bar did not move while the ranks trained"
