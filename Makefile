@@ -43,6 +43,7 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_latency.py
+	$(BIN)/python benchmarks/progress_overhead.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks

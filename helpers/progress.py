@@ -92,6 +92,7 @@ def format_bar(state: dict[str, Any], ncols: int | None = 100) -> str:
     return tqdm.format_meter(
         state["n"], total if total and math.isfinite(total) else None, state["elapsed"], ncols=ncols,
         prefix=state.get("desc") or "", unit=state.get("unit") or "it", postfix=state.get("postfix") or None,
+        initial=state.get("initial") or 0,
     )
 
 
@@ -149,7 +150,8 @@ class ProgressView:
         if bar is None:
             bar = self._bars[key] = tqdm(total=total if total and math.isfinite(total) else None,
                                          desc=state.get("desc") or None, unit=state.get("unit") or "it",
-                                         file=sys.stderr, dynamic_ncols=True, mininterval=0)
+                                         initial=state.get("initial") or 0, file=sys.stderr, dynamic_ncols=True,
+                                         mininterval=0)
         bar.set_description_str(state.get("desc") or "", refresh=False)
         bar.set_postfix_str(state.get("postfix") or "", refresh=False)
         bar.n = state["n"]
@@ -340,14 +342,15 @@ def _sink_for(key: str) -> Any | None:
 class RankProgress(Generic[T]):
     """A tqdm-like bar that is live on rank 0 and free on every other rank (see `progress_bar`)."""
 
-    def __init__(self, iterable: Iterable[T] | None, total: float | None, desc: str, unit: str, active: bool):
+    def __init__(self, iterable: Iterable[T] | None, total: float | None, desc: str, unit: str, active: bool,
+                 initial: float = 0):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self._iterable = iterable
         self.total = total
         self.desc = desc
         self.unit = unit
-        self.n = 0
+        self.n = self.initial = initial
         self.postfix = ""
         self.closed = False
         self._sink = None
@@ -402,7 +405,7 @@ class RankProgress(Generic[T]):
 
     def state(self) -> dict[str, Any]:
         return {"id": self.id, "desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
-                "postfix": self.postfix, "elapsed": time.monotonic() - self._start, "closed": self.closed}
+                "initial": self.initial, "postfix": self.postfix, "elapsed": time.monotonic() - self._start, "closed": self.closed}
 
     def _send(self, force: bool = False) -> None:
         if self._sink is None:
@@ -418,15 +421,16 @@ class RankProgress(Generic[T]):
 
 
 def progress_bar(iterable: Iterable[T] | None = None, total: float | None = None, desc: str = "",
-                 unit: str = "it", *, rank: int | None = None) -> RankProgress[T]:
+                 unit: str = "it", *, initial: float = 0, rank: int | None = None) -> RankProgress[T]:
     """A progress bar for a training loop: rank 0's is drawn in the notebook cell that launched the ranks.
 
     Use it like tqdm: `for batch in progress_bar(loader, desc=f"epoch {e}")`, or
     `bar = progress_bar(total=steps)` with `bar.update()` and `bar.set_postfix(loss=...)`. On other ranks it
-    passes the iterable through and does nothing else. `rank` defaults to this process's global rank.
+    passes the iterable through and does nothing else. `initial` is where a resumed run starts (its rate counts
+    only the steps done since). `rank` defaults to this process's global rank.
     """
     active = (_rank() if rank is None else rank) == 0
-    return RankProgress(iterable, total, desc, unit, active)
+    return RankProgress(iterable, total, desc, unit, active, initial)
 
 
 # ---------------------------------------------------------------------------------- framework adapters
