@@ -37,7 +37,7 @@ import cloudpickle
 
 from helpers import _worker
 from helpers._env import temporary_environ
-from helpers.progress import progress_view, watch_progress_dir
+from helpers.progress import ProgressView, progress_view, watch_progress_dir
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -143,6 +143,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def launch_progress_view(options: LaunchOptions) -> ProgressView | None:
+    """Where this launch draws rank 0's progress bar (None: nowhere); a bad HELPERS_PROGRESS fails here."""
+    try:
+        return progress_view(options.progress)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
 
 
 def _serialise_payload(fn: Callable, args: tuple, kwargs: dict, plan: LaunchPlan, threads: int | None,
@@ -369,10 +377,7 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict | None = None,
     threads = options.threads_per_process
     if threads is None and plan.device == "cpu":
         threads = max(1, (os.cpu_count() or 1) // plan.processes)
-    try:
-        view = progress_view(options.progress)
-    except ValueError as e:
-        raise LaunchError(str(e)) from None
+    view = launch_progress_view(options)
     payload = _serialise_payload(fn, args, kwargs, plan, threads, view is not None)  # fails here, before any process
 
     run_dir = Path(tempfile.mkdtemp(prefix="helpers-launch-"))

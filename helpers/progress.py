@@ -34,7 +34,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -192,6 +192,32 @@ def progress_view(enabled: bool | None = None) -> ProgressView | None:
 
 
 @contextlib.contextmanager
+def _draw_while_running(view: ProgressView, read: Callable[[], Iterable[dict[str, Any]]], interval: float,
+                        name: str) -> Iterator[None]:
+    """Draw what `read()` returns every `interval` seconds from a thread, once more at the end, then close."""
+    stop = threading.Event()
+
+    def draw() -> None:
+        with contextlib.suppress(Exception):  # a relay hiccup must never fail the launch
+            for state in read():
+                view.show(state)
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            draw()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        draw()  # the last states, sent just before the ranks exited
+        view.close()
+
+
+@contextlib.contextmanager
 def watch_progress_dir(folder: Path, view: ProgressView | None, interval: float = MIN_INTERVAL) -> Iterator[None]:
     """While the block runs, draw every bar state that rank 0 writes into `folder` (the local launcher)."""
     if view is None:
@@ -199,9 +225,8 @@ def watch_progress_dir(folder: Path, view: ProgressView | None, interval: float 
         return
     folder.mkdir(parents=True, exist_ok=True)
     seen: dict[Path, int] = {}
-    stop = threading.Event()
 
-    def poll() -> None:
+    def changed() -> Iterator[dict[str, Any]]:
         for path in sorted(folder.glob("*.json")):
             try:
                 stamp = path.stat().st_mtime_ns
@@ -211,23 +236,10 @@ def watch_progress_dir(folder: Path, view: ProgressView | None, interval: float 
             except (OSError, ValueError):  # replaced while we looked: the next poll reads it
                 continue
             seen[path] = stamp
-            view.show(state)
+            yield state
 
-    def loop() -> None:
-        while not stop.wait(interval):
-            with contextlib.suppress(Exception):
-                poll()
-
-    thread = threading.Thread(target=loop, name="helpers-progress", daemon=True)
-    thread.start()
-    try:
+    with _draw_while_running(view, changed, interval, "helpers-progress"):
         yield
-    finally:
-        stop.set()
-        thread.join()
-        with contextlib.suppress(Exception):
-            poll()  # the last states, written just before the ranks exited
-        view.close()
 
 
 class _ProgressRelay:
@@ -268,29 +280,12 @@ def relay_ray_progress(enabled: bool | None = None, interval: float = MIN_INTERV
                            "nest launches outside it, or pass enabled=False to one of them.")
     relay = ray.remote(num_cpus=0)(_ProgressRelay).options(name=RELAY_NAME).remote()
     ray.get(relay.take.remote())  # the actor is up before any worker looks for it
-    stop = threading.Event()
-
-    def drain() -> None:
-        for state in ray.get(relay.take.remote()):
-            view.show(state)
-
-    def loop() -> None:
-        while not stop.wait(interval):
-            with contextlib.suppress(Exception):
-                drain()
-
-    thread = threading.Thread(target=loop, name="helpers-ray-progress", daemon=True)
-    thread.start()
     try:
-        yield view
+        with _draw_while_running(view, lambda: ray.get(relay.take.remote()), interval, "helpers-ray-progress"):
+            yield view
     finally:
-        stop.set()
-        thread.join()
-        with contextlib.suppress(Exception):
-            drain()
         with contextlib.suppress(Exception):
             ray.kill(relay)
-        view.close()
 
 
 # ------------------------------------------------------------------------------------ the rank side
@@ -389,10 +384,12 @@ class RankProgress(Generic[T]):
         self.n += n
         self._send()
 
-    def set_postfix(self, **values: Any) -> None:
-        """`loss=0.41, lr=3e-4`: floats shown to 4 significant digits, as tqdm does."""
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        """`loss=0.41, lr=3e-4`: floats shown to 4 significant digits, as tqdm does. `refresh=False` leaves
+        sending to the next `update()`."""
         self.postfix = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
-        self._send()
+        if refresh:
+            self._send()
 
     def set_description(self, desc: str) -> None:
         self.desc = desc
@@ -465,19 +462,17 @@ def lightning_progress_bar() -> Any:
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if self._bar is not None:
-                self._bar.postfix = self._postfix(trainer, pl_module)
+                self._bar.set_postfix(refresh=False, **self._metrics(trainer, pl_module))
                 self._bar.update(batch_idx + 1 - self._bar.n)
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             if self._bar is not None:  # validation has run by now: its metrics go on the closed bar
-                self._bar.postfix = self._postfix(trainer, pl_module)
+                self._bar.set_postfix(refresh=False, **self._metrics(trainer, pl_module))
                 self._bar.close()
                 self._bar = None
 
-        def _postfix(self, trainer: Any, pl_module: Any) -> str:
-            metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
-            return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                          for k, v in metrics.items())
+        def _metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+            return {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if self._bar is not None:

@@ -62,8 +62,14 @@ import cloudpickle
 
 from helpers._env import temporary_environ
 from helpers._worker import serialise_result
-from helpers.launcher import LaunchError, LaunchOptions, RankFailedError, _rebuild_exception
-from helpers.progress import ENV_SWITCH, progress_view, relay_ray_progress
+from helpers.launcher import (
+    LaunchError,
+    LaunchOptions,
+    RankFailedError,
+    _rebuild_exception,
+    launch_progress_view,
+)
+from helpers.progress import ENV_SWITCH, relay_ray_progress
 
 DEFAULT_CPU_WORKERS = 2
 _POLL_SECONDS = 0.2
@@ -469,10 +475,7 @@ def launch_on_ray(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None 
     options = options or LaunchOptions(cluster="ray")
     kwargs = kwargs or {}
     _check_options(options)
-    try:
-        view_wanted = progress_view(options.progress) is not None
-    except ValueError as e:
-        raise LaunchError(str(e)) from None
+    view_wanted = launch_progress_view(options) is not None
     args, kwargs, datasets = _take_datasets(args, kwargs)
     # Fail on an unpicklable argument before anything starts. The device is settled once connected.
     _serialise(fn, args, kwargs, options.backend or "gloo", "cpu", options.threads_per_process)
