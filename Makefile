@@ -1,5 +1,6 @@
 # The two commands of the README: `make run` (the gallery) and `make test` (the tests).
-# Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned).
+# Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned), with uv
+# (installed into .venv by pip when the machine lacks it), or with pip where uv cannot be had.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -10,15 +11,18 @@ ARGS ?=
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run test unit nbval notebooks bench lint venv clean-venv
+.PHONY: run test unit nbval notebooks bench lint venv clean-venv lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements.lock
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+$(STAMP): pyproject.toml requirements.lock tools/build_venv.py
+	$(PYTHON) tools/build_venv.py --venv $(VENV) --lock requirements.lock --editable .
 	touch $(STAMP)
+
+## lock: rewrite requirements.lock from pyproject.toml (pins kept; UPGRADE="trl accelerate" moves those)
+UPGRADE ?=
+lock: $(STAMP)
+	$(BIN)/python tools/build_venv.py --compile --venv $(VENV) $(foreach p,$(UPGRADE),--upgrade-package $(p))
 
 ## run: execute every notebook into runs/<stamp>/ and write the summary (ARGS="01 -p processes=1")
 run: $(STAMP)
@@ -27,7 +31,7 @@ run: $(STAMP)
 ## test: lint, unit and launcher tests, papermill parameter runs, nbval over the stored notebooks
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
 test: $(STAMP)
-	$(BIN)/ruff check helpers tests benchmarks notebooks
+	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 	GALLERY_TRACKING=off $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) tests notebooks $(ARGS)
 
 unit: $(STAMP)
@@ -46,7 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/progress_overhead.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check helpers tests benchmarks notebooks
+	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 
 clean-venv:
 	rm -rf $(VENV)

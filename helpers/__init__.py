@@ -12,6 +12,7 @@ from helpers.launcher import (
 )
 from helpers.metrics import record_metrics
 from helpers.progress import progress_bar
+from helpers.reference import check_against_reference
 
 __all__ = [
     "DistributedFunction",
@@ -20,6 +21,7 @@ __all__ = [
     "LaunchPlan",
     "RankFailedError",
     "WorkerContext",
+    "check_against_reference",
     "distributed",
     "launch",
     "progress_bar",

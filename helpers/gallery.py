@@ -36,10 +36,9 @@ from typing import Any
 
 from helpers import tracking
 from helpers._env import temporary_environ
+from helpers.cpus import usable_cpus
 from helpers.execute import execute_notebook, first_error, notebook_parameters, record_metadata
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS_DIR = ROOT / "notebooks"
+from helpers.paths import NOTEBOOKS_DIR, ROOT
 
 
 @dataclass
@@ -122,7 +121,7 @@ def host_info() -> dict[str, Any]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {
         "hostname": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-        "cpus": os.cpu_count(), "gpus": gpus,
+        "cpus": usable_cpus(), "gpus": gpus,
         "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
     }
 

@@ -37,6 +37,7 @@ import cloudpickle
 
 from helpers import _worker
 from helpers._env import temporary_environ
+from helpers.cpus import threads_per_rank
 from helpers.progress import ProgressView, progress_view, watch_progress_dir
 
 P = ParamSpec("P")
@@ -376,7 +377,10 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict | None = None,
     plan = plan_launch(options)
     threads = options.threads_per_process
     if threads is None and plan.device == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // plan.processes)
+        try:  # the CPUs this process may use (affinity, container quota), not the host's count
+            threads = threads_per_rank(plan.processes)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
     view = launch_progress_view(options)
     payload = _serialise_payload(fn, args, kwargs, plan, threads, view is not None)  # fails here, before any process
 

@@ -28,10 +28,11 @@ def _json_safe(value: Any) -> Any:
 
 def _host() -> dict[str, Any]:
     """The driver's devices, for the report's host column (torch is only asked if already imported)."""
-    import os
     import sys
 
-    host: dict[str, Any] = {"cpus": os.cpu_count(), "gpus": 0, "gpu_name": None}
+    from helpers.cpus import usable_cpus
+
+    host: dict[str, Any] = {"cpus": usable_cpus(), "gpus": 0, "gpu_name": None}
     torch = sys.modules.get("torch")
     if torch is not None:
         try:

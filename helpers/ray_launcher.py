@@ -62,6 +62,7 @@ import cloudpickle
 
 from helpers._env import temporary_environ
 from helpers._worker import serialise_result
+from helpers.cpus import usable_cpus
 from helpers.launcher import (
     LaunchError,
     LaunchOptions,
@@ -375,7 +376,7 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     auth = {}
     if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    cpus = max(os.cpu_count() or 1, num_cpus or 0)
+    cpus = max(usable_cpus(), num_cpus or 0)   # the container's CPUs, not the host's
     try:
         with temporary_environ(auth, keep_existing=auth):
             _refresh_auth_config(bool(auth))

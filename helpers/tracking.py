@@ -57,7 +57,7 @@ def enabled() -> bool:
 
 def default_tracking_uri() -> str:
     """The store for runs outside the gallery runner: data/cache/mlruns/mlflow.db (git-ignored)."""
-    from helpers.data import cache_dir
+    from helpers.paths import cache_dir
 
     return sqlite_uri(cache_dir("mlruns") / DB_NAME)
 
@@ -111,7 +111,7 @@ def _ensure_sqlite_store(db: Path) -> None:
     if db.exists():
         return
     mlflow, MlflowClient = _import_mlflow()
-    from helpers.data import cache_dir
+    from helpers.paths import cache_dir
 
     template = cache_dir("mlruns") / f"empty-mlflow-{mlflow.__version__}.db"
     if not template.exists():

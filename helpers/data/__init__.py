@@ -6,15 +6,6 @@ Nothing here downloads anything: each builder writes a small, learnable data set
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from helpers.paths import ROOT, cache_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cache_dir(*parts: str) -> Path:
-    """Where generated data goes: data/cache/ in the checkout (git-ignored), or $GALLERY_DATA_CACHE."""
-    base = Path(os.environ.get("GALLERY_DATA_CACHE") or ROOT / "data" / "cache")
-    path = base.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+__all__ = ["ROOT", "cache_dir"]

@@ -1,0 +1,190 @@
+"""How far a notebook's results move across machines, and the reference file that tolerates it.
+
+Runs a notebook at its default parameters under several conditions that change the arithmetic but not
+the lesson, and prints how far each result moved from the native run:
+
+  native      this machine as it is
+  isa         kernels of an older instruction set: ATen without SIMD (ATEN_CPU_CAPABILITY=default),
+              oneDNN capped at SSE4.1 (ONEDNN_MAX_CPU_ISA=SSE41), MKL capped at SSE4.2
+  threads4    4 intra-op threads per CPU rank (HELPERS_THREADS_PER_PROCESS=4) instead of the usual 1
+  seed1 ...   another seed: the noise of training itself (other data order, other initial weights)
+
+With --write, `notebooks/references/<notebook>.json` gets the native run's results as the reference
+values, each with a tolerance of `factor` times the largest deviation measured (at least 1% of the
+value's scale), and the measurement itself (every run's values, the machine, the command) next to them.
+
+    python benchmarks/reference_spread.py 01_ddp_mlp [02 ...] [--variants native,isa,threads4,seed1,seed2]
+                                          [--factor 2] [--write] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from helpers._env import temporary_environ  # noqa: E402
+from helpers.execute import execute_notebook  # noqa: E402
+from helpers.gallery import discover  # noqa: E402
+from helpers.reference import REFERENCES_DIR, measured_values  # noqa: E402
+
+ISA_BASELINE = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+ENVIRONMENTS = {
+    "native": {},
+    "isa": ISA_BASELINE,
+    "threads4": {"HELPERS_THREADS_PER_PROCESS": "4"},
+    "threads1": {"HELPERS_THREADS_PER_PROCESS": "1"},
+}
+
+
+def variant_setup(name: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """(environment, parameters) of a variant name: native, isa, threads4, threads1, seedN."""
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS[name], {}
+    if name.startswith("seed") and name[4:].isdigit():
+        return {}, {"seed": int(name[4:])}
+    raise SystemExit(f"unknown variant {name!r}: use {', '.join(ENVIRONMENTS)} or seedN")
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from helpers.cpus import usable_cpus
+
+    return (f"{cpu}, {usable_cpus()} CPUs, native ATen capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"torch {torch.__version__}")
+
+
+def run_variant(notebook: Path, variant: str, out_dir: Path) -> dict[str, Any]:
+    env, params = variant_setup(variant)
+    out = out_dir / f"{notebook.stem}-{variant}.ipynb"
+    start = time.perf_counter()
+    error = None
+    with temporary_environ({**env, "GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}):
+        try:
+            execute_notebook(notebook, out, params, timeout=1800)
+        except Exception as e:  # a failing bar is a finding too: report it, keep measuring the others
+            error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+    measured = measured_values(out) if out.exists() else None
+    return {"variant": variant, "seconds": round(time.perf_counter() - start, 1), "error": error,
+            "measured": (measured or {}).get("measured"), "params": (measured or {}).get("params")}
+
+
+def deviation(value: Any, ref: Any) -> float:
+    if isinstance(ref, list):
+        if not isinstance(value, list) or len(value) != len(ref):
+            return math.inf
+        return max((abs(a - b) for a, b in zip(value, ref, strict=True)), default=0.0)
+    return abs(value - ref)
+
+
+def scale(ref: Any) -> float:
+    return max((abs(v) for v in ref), default=0.0) if isinstance(ref, list) else abs(ref)
+
+
+def round_up(x: float, digits: int = 2) -> float:
+    """Round up to `digits` significant digits, so a tolerance is never below what was measured."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    exponent = math.floor(math.log10(x)) - digits + 1
+    return math.ceil(x / 10 ** exponent) * 10 ** exponent
+
+
+def tolerances(runs: list[dict[str, Any]], factor: float) -> dict[str, dict[str, Any]]:
+    native = next(r for r in runs if r["variant"] == "native")
+    results = {}
+    for name, ref in native["measured"].items():
+        devs = {r["variant"]: deviation(r["measured"][name], ref) for r in runs
+                if r["variant"] != "native" and r["measured"] and name in r["measured"]}
+        largest = max(devs.values(), default=0.0)
+        tol = round_up(max(factor * largest, 0.01 * scale(ref), 1e-9))
+        results[name] = {"value": ref, "abs": tol, "largest_deviation": largest,
+                         "deviations": {k: round(v, 6) for k, v in devs.items()}}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="+", help="notebook names or numbers (01, 02_ddp_retinanet, ...)")
+    parser.add_argument("--variants", default="native,isa,threads4,seed1,seed2")
+    parser.add_argument("--factor", type=float, default=2.0, help="tolerance = factor x largest deviation")
+    parser.add_argument("--write", action="store_true", help="write notebooks/references/<notebook>.json")
+    parser.add_argument("--keep", help="keep the executed notebooks in this folder")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if "native" not in variants:
+        raise SystemExit("--variants must include 'native': it is the reference run")
+    for v in variants:
+        variant_setup(v)   # unknown names fail here, before anything runs
+    notebooks = discover(args.notebooks)
+    out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reference-spread-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    host = machine()
+    print(f"machine: {host}", flush=True)
+    status = 0
+    for notebook in notebooks:
+        runs = []
+        for variant in variants:
+            run = run_variant(notebook, variant, out_dir)
+            runs.append(run)
+            print(f"{notebook.stem} {variant:>9}: {run['seconds']:>6.1f} s "
+                  f"{'FAILED ' + run['error'] if run['error'] else ''}", flush=True)
+        native = runs[0] if runs[0]["variant"] == "native" else next(r for r in runs if r["variant"] == "native")
+        if not native["measured"]:
+            print(f"{notebook.stem}: the native run recorded no results ({native['error']}); nothing to write")
+            status = 1
+            continue
+        results = tolerances(runs, args.factor)
+        print(f"\n{notebook.stem}: deviation from the native run, and the tolerance ({args.factor:g}x the largest)")
+        for name, spec in results.items():
+            shown = "curve" if isinstance(spec["value"], list) else f"{spec['value']:.4g}"
+            devs = ", ".join(f"{k} {v:.3g}" for k, v in spec["deviations"].items())
+            print(f"  {name:<24} {shown:>10}  ±{spec['abs']:<8.3g} ({devs})")
+        if any(r["error"] for r in runs):
+            status = 1
+        if args.write:
+            reference = {
+                "notebook": notebook.stem,
+                "parameters": native["params"],
+                "results": {k: {"value": v["value"], "abs": v["abs"]} for k, v in results.items()},
+                "measured": {
+                    "machine": host,
+                    "date": dt.date.today().isoformat(),
+                    "command": "python benchmarks/reference_spread.py " + " ".join(argv or sys.argv[1:]),
+                    "rule": f"abs tolerance = {args.factor:g} x the largest deviation of any run from the "
+                            "native run (point by point for curves), at least 1% of the value's scale, "
+                            "rounded up to 2 significant digits",
+                    "variants": {v: {"environment": variant_setup(v)[0], "parameters": variant_setup(v)[1]}
+                                 for v in variants},
+                    "runs": {r["variant"]: {"seconds": r["seconds"], "error": r["error"], "results": r["measured"]}
+                             for r in runs},
+                    "largest_deviation": {k: v["largest_deviation"] for k, v in results.items()},
+                },
+            }
+            REFERENCES_DIR.mkdir(parents=True, exist_ok=True)
+            path = REFERENCES_DIR / f"{notebook.stem}.json"
+            path.write_text(json.dumps(reference, indent=1) + "\n")
+            print(f"wrote {path.relative_to(ROOT)}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

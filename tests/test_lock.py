@@ -1,0 +1,69 @@
+"""requirements.lock and pyproject.toml cannot silently disagree.
+
+The lock is written by `make lock` (uv pip compile of pyproject.toml's dependencies and extras, with
+lock-constraints.txt); these checks fail when someone edits one without the other.
+"""
+
+import re
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins(path: Path) -> dict[str, Version]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_.\-\[\],]+)==([^\s;]+)(\s*;.*)?", line)
+        assert match, f"{path.name}: {line!r} is not an exact pin (name==version)"
+        name = canonicalize_name(match.group(1).split("[")[0])
+        assert name not in pins, f"{path.name} pins {name} twice"
+        pins[name] = Version(match.group(2))
+    return pins
+
+
+def _declared() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    for extra in project["optional-dependencies"].values():
+        reqs += [Requirement(r) for r in extra]
+    return reqs
+
+
+def test_every_declared_requirement_is_pinned_and_satisfied():
+    pins = _pins(ROOT / "requirements.lock")
+    for req in _declared():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"pyproject.toml needs {req} but requirements.lock does not pin it: run `make lock`"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"requirements.lock pins {name}=={pins[name]}, outside pyproject.toml's {req}: run `make lock`")
+
+
+def test_lock_constraints_are_what_the_lock_pins():
+    pins = _pins(ROOT / "requirements.lock")
+    for name, version in _pins(ROOT / "lock-constraints.txt").items():
+        assert pins.get(name) == version, f"lock-constraints.txt wants {name}=={version}, the lock has {pins.get(name)}"
+
+
+def test_conda_environment_installs_the_same_lock():
+    text = (ROOT / "environment.yml").read_text()
+    assert "-r requirements.lock" in text and "python=3.11" in text
+
+
+def test_pins_parser_refuses_loose_lines(tmp_path):
+    import pytest
+
+    bad = tmp_path / "lock.txt"
+    bad.write_text("torch>=2\n")
+    with pytest.raises(AssertionError, match="not an exact pin"):
+        _pins(bad)
+    bad.write_text("torch==2.1\nTorch==2.2\n")
+    with pytest.raises(AssertionError, match="twice"):
+        _pins(bad)

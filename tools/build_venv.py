@@ -1,0 +1,163 @@
+"""Build a virtual environment from a pinned lock with uv, or with pip where uv cannot be had.
+
+`make run` and `make test` call this on first use (and whenever the lock or pyproject.toml changes).
+uv installs the same pinned lock as pip in a fraction of the time (this machine: see
+benchmarks/setup_time.py); where uv is not on PATH it is installed with pip into the new environment
+first (a few seconds), and where that fails too the environment is built with pip, after a one-line
+notice. Either way the result is the same set of pinned packages.
+
+pip's own configuration (pip.conf and PIP_* variables: index-url, extra-index-url, find-links,
+constraint, cert, trusted-host) is passed on to uv, which does not read it: a machine that reaches its
+packages through a mirror or a local wheel folder works the same with both.
+
+    python tools/build_venv.py [--venv .venv] [--lock requirements.lock] [--editable .] [--installer auto|uv|pip]
+    python tools/build_venv.py --compile [--upgrade-package NAME ...]     # rewrite the lock from pyproject.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK_CONSTRAINTS = ROOT / "lock-constraints.txt"
+
+
+def pip_settings(python: str = sys.executable) -> dict[str, list[str]]:
+    """pip's effective settings that matter for finding packages, from `pip config list` (files and env)."""
+    wanted = {"index-url", "extra-index-url", "find-links", "constraint", "cert", "trusted-host"}
+    settings: dict[str, list[str]] = {}
+    try:
+        out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return settings
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if name not in wanted:
+            continue
+        value = value.strip().strip("'\"")
+        items = value.split() if name != "cert" else [value]
+        # Environment variables (":env:") override the files, as pip itself does.
+        if key.startswith(":env:") or name not in settings:
+            settings[name] = items
+    return settings
+
+
+def uv_arguments(settings: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
+    """uv's command-line flags and environment for pip's settings."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if settings.get("index-url"):
+        args += ["--index-url", settings["index-url"][0]]
+    for url in settings.get("extra-index-url", []):
+        args += ["--extra-index-url", url]
+    for link in settings.get("find-links", []):
+        args += ["--find-links", link]
+    for path in settings.get("constraint", []):
+        if Path(path).is_file():
+            args += ["--constraint", path]
+    for host in settings.get("trusted-host", []):
+        args += ["--allow-insecure-host", host]
+    if settings.get("cert"):
+        env["SSL_CERT_FILE"] = settings["cert"][0]
+    if len([a for a in args if a in ("--index-url", "--extra-index-url", "--find-links")]) > 1:
+        # pip takes the best version across all indexes; uv by default stops at the first that has the package.
+        args += ["--index-strategy", "unsafe-best-match"]
+    return args, env
+
+
+def find_uv(venv_python: Path) -> str | None:
+    """uv on PATH, or uv installed into the new environment with its own pip; None if neither works."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    local = venv_python.parent / "uv"
+    if local.exists():
+        return str(local)
+    result = subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "uv"],
+                            capture_output=True, text=True)
+    if result.returncode == 0 and local.exists():
+        return str(local)
+    return None
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+
+
+def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto") -> str:
+    """Create `venv` (if missing) and install `lock` (and `editable`, without dependencies) into it.
+
+    Returns the installer that did it, "uv" or "pip".
+    """
+    if not lock.is_file():
+        raise SystemExit(f"no lock file {lock}: run `make lock` to write it from pyproject.toml")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        run([sys.executable, "-m", "venv", str(venv)])
+    uv = find_uv(python) if installer in ("auto", "uv") else None
+    if uv is None and installer == "uv":
+        raise SystemExit("--installer uv: uv is not on PATH and could not be installed with pip")
+    if uv is not None:
+        args, env = uv_arguments(pip_settings(str(python)))
+        try:
+            run([uv, "pip", "install", "--python", str(python), *args, "-r", str(lock)], env)
+            if editable is not None:
+                run([uv, "pip", "install", "--python", str(python), *args, "--no-deps", "-e", str(editable)], env)
+            return "uv"
+        except subprocess.CalledProcessError as e:
+            if installer == "uv":
+                raise
+            print(f"notice: uv failed ({e}); installing with pip instead (slower)", flush=True)
+    else:
+        print("notice: uv is not available; installing with pip (slower)", flush=True)
+    run([str(python), "-m", "pip", "install", "--quiet", "-r", str(lock)])
+    if editable is not None:
+        run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(editable)])
+    return "pip"
+
+
+def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
+    """Rewrite the lock from pyproject.toml's dependencies and extras; existing pins are kept unless upgraded."""
+    python = venv / "bin" / "python"
+    uv = shutil.which("uv") or (str(python.parent / "uv") if (python.parent / "uv").exists() else None)
+    if uv is None:
+        raise SystemExit("`make lock` needs uv: `make venv` installs it into .venv, or `pip install uv`")
+    args, env = uv_arguments(pip_settings())
+    cmd = [uv, "pip", "compile", str(ROOT / "pyproject.toml"), "--all-extras", "--python-version", "3.11",
+           "--constraint", str(LOCK_CONSTRAINTS), "--no-header", "--quiet", *args, "-o", str(lock)]
+    for name in upgrade:
+        cmd += ["--upgrade-package", name]
+    run(cmd, env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--venv", default=str(ROOT / ".venv"))
+    parser.add_argument("--lock", default=str(ROOT / "requirements.lock"))
+    parser.add_argument("--editable", default=str(ROOT), help="a project to install editable ('' for none)")
+    parser.add_argument("--installer", choices=("auto", "uv", "pip"), default=os.environ.get("VENV_INSTALLER", "auto"))
+    parser.add_argument("--compile", action="store_true", help="rewrite the lock from pyproject.toml")
+    parser.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
+    args = parser.parse_args(argv)
+    if args.compile:
+        compile_lock(Path(args.lock), args.upgrade_package, Path(args.venv))
+        return 0
+    start = time.perf_counter()
+    used = build(Path(args.venv), Path(args.lock), Path(args.editable) if args.editable else None, args.installer)
+    print(f"{args.venv}: installed {Path(args.lock).name} with {used} in {time.perf_counter() - start:.0f} s",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
