@@ -6,7 +6,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
+# nbval compares under another instruction set and thread count than the stored run's (tests/nbval_variants.py)
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 \
+	-p tests.nbval_variants
+# On a GPU machine the regression suite still runs on CPU, the reference path the stored outputs come from
+# (the GPU path has its own check); TEST_DEVICE=gpu runs the tests on the GPUs instead.
+TEST_DEVICE ?= cpu
+TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -32,18 +38,19 @@ run: $(STAMP)
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
 test: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
-	GALLERY_TRACKING=off $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) tests notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) tests notebooks $(ARGS)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)
 
 nbval: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) notebooks $(ARGS)
 
 ## notebooks: re-execute notebooks at their defaults and store the outputs (NB="notebooks/01_ddp_mlp.ipynb")
+# Stored outputs are the CPU reference path, whatever the machine has.
 NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 notebooks: $(STAMP)
-	$(BIN)/python -m helpers.execute --store $(NB)
+	$(TEST_ENV) $(BIN)/python -m helpers.execute --store $(NB)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_latency.py

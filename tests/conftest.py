@@ -30,6 +30,16 @@ def stream_text(nb: nbformat.NotebookNode, name: str | None = None) -> str:
     )
 
 
+def display_text(nb: nbformat.NotebookNode) -> str:
+    """The text/plain of every display and result (where record_metrics and the reference check write)."""
+    return "\n".join(
+        out.get("data", {}).get("text/plain", "")
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.get("output_type") in ("display_data", "execute_result")
+    )
+
+
 @pytest.fixture
 def run_notebook(tmp_path):
     """run_notebook('01_ddp_mlp', processes=1) -> (executed notebook, recorded metrics)."""

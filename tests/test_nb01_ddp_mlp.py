@@ -38,3 +38,19 @@ def test_user_csv_and_missing_csv(run_notebook, tmp_path):
 
     with pytest.raises(PapermillExecutionError, match="has no digits.csv"):
         run_notebook("01_ddp_mlp", data_dir=str(tmp_path / "empty"))
+
+
+def test_broken_training_fails_the_notebook(run_notebook):
+    """The regression guard bites: with a learning rate of 0 nothing is learned, and the checks say so."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match="training loss did not fall"):
+        run_notebook("01_ddp_mlp", lr=0.0, epochs=2, parity_steps=2)
+
+
+def test_step_cap_of_zero_is_refused_before_launch(run_notebook):
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match="max_steps=0: set a whole number of steps") as info:
+        run_notebook("01_ddp_mlp", max_steps=0)
+    assert "[rank" not in str(info.value)
