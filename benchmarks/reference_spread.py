@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                 "measured": {
                     "machine": host,
                     "date": dt.date.today().isoformat(),
-                    "command": "python benchmarks/reference_spread.py " + " ".join(argv or sys.argv[1:]),
+                    "command": f"python benchmarks/reference_spread.py {notebook.stem} --variants {','.join(variants)} "
+                               f"--factor {args.factor:g} --write",
                     "rule": f"abs tolerance = {args.factor:g} x the largest deviation of any run from the "
                             "native run (point by point for curves), at least 1% of the value's scale, "
                             "rounded up to 2 significant digits",

@@ -74,6 +74,14 @@ def uv_arguments(settings: dict[str, list[str]]) -> tuple[list[str], dict[str, s
     return args, env
 
 
+def ensure_pip(venv_python: Path) -> None:
+    """An environment made by `uv venv` (or `virtualenv --no-pip`) has no pip: add it from the standard library."""
+    has_pip = subprocess.run([str(venv_python), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    if not has_pip:
+        subprocess.run([str(venv_python), "-m", "ensurepip", "--upgrade", "--default-pip"], check=True,
+                       capture_output=True)
+
+
 def find_uv(venv_python: Path) -> str | None:
     """uv on PATH, or uv installed into the new environment with its own pip; None if neither works."""
     found = shutil.which("uv")
@@ -82,6 +90,10 @@ def find_uv(venv_python: Path) -> str | None:
     local = venv_python.parent / "uv"
     if local.exists():
         return str(local)
+    try:
+        ensure_pip(venv_python)
+    except (OSError, subprocess.CalledProcessError):
+        return None
     result = subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "uv"],
                             capture_output=True, text=True)
     if result.returncode == 0 and local.exists():
@@ -89,9 +101,9 @@ def find_uv(venv_python: Path) -> str | None:
     return None
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
     print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto") -> str:
@@ -110,9 +122,10 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     if uv is not None:
         args, env = uv_arguments(pip_settings(str(python)))
         try:
-            run([uv, "pip", "install", "--python", str(python), *args, "-r", str(lock)], env)
+            run([uv, "pip", "install", "--quiet", "--python", str(python), *args, "-r", str(lock)], env)
             if editable is not None:
-                run([uv, "pip", "install", "--python", str(python), *args, "--no-deps", "-e", str(editable)], env)
+                run([uv, "pip", "install", "--quiet", "--python", str(python), *args, "--no-deps", "-e",
+                     str(editable)], env)
             return "uv"
         except subprocess.CalledProcessError as e:
             if installer == "uv":
@@ -120,6 +133,7 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
             print(f"notice: uv failed ({e}); installing with pip instead (slower)", flush=True)
     else:
         print("notice: uv is not available; installing with pip (slower)", flush=True)
+    ensure_pip(python)
     run([str(python), "-m", "pip", "install", "--quiet", "-r", str(lock)])
     if editable is not None:
         run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(editable)])
@@ -132,12 +146,14 @@ def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
     uv = shutil.which("uv") or (str(python.parent / "uv") if (python.parent / "uv").exists() else None)
     if uv is None:
         raise SystemExit("`make lock` needs uv: `make venv` installs it into .venv, or `pip install uv`")
-    args, env = uv_arguments(pip_settings())
-    cmd = [uv, "pip", "compile", str(ROOT / "pyproject.toml"), "--all-extras", "--python-version", "3.11",
-           "--constraint", str(LOCK_CONSTRAINTS), "--no-header", "--quiet", *args, "-o", str(lock)]
+    settings = pip_settings()
+    settings.pop("constraint", None)   # a machine's own caps must not shape (or be named in) the shared lock
+    args, env = uv_arguments(settings)
+    cmd = [uv, "pip", "compile", "pyproject.toml", "--all-extras", "--python-version", "3.11",
+           "--constraint", LOCK_CONSTRAINTS.name, "--no-header", "--quiet", *args, "-o", str(lock)]
     for name in upgrade:
         cmd += ["--upgrade-package", name]
-    run(cmd, env)
+    run(cmd, env, cwd=ROOT)   # relative paths, so the lock's "# via" notes name no machine's folders
 
 
 def main(argv: list[str] | None = None) -> int:
