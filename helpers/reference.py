@@ -59,8 +59,12 @@ def load_reference(notebook: str, references_dir: Path | None = None) -> dict[st
         if not isinstance(reference.get(key), dict):
             raise ValueError(f"{path} has no {key!r} object: rewrite it with benchmarks/reference_spread.py.")
     for name, spec in reference["results"].items():
-        if "value" not in spec or not isinstance(spec.get("abs"), (int, float)) or spec["abs"] < 0:
-            raise ValueError(f"{path}: result {name!r} needs a 'value' and a non-negative 'abs' tolerance.")
+        tol, value = spec.get("abs"), spec.get("value")
+        per_point = isinstance(tol, list) and isinstance(value, list) and len(tol) == len(value)
+        if value is None or not (per_point or isinstance(tol, (int, float))) or min(
+                tol if per_point else [tol], default=0) < 0:
+            raise ValueError(f"{path}: result {name!r} needs a 'value' and a non-negative 'abs' tolerance "
+                             "(a number, or for a curve one number per point).")
     return reference
 
 
@@ -81,15 +85,30 @@ def _format_value(value: Any) -> str:
     return f"{value:.4g}"
 
 
-def _deviation(measured: Any, reference: Any) -> float:
-    """The largest absolute difference, point by point for curves (inf if the shapes differ)."""
+def _excess(measured: Any, reference: Any, tolerance: Any) -> tuple[float, int | None]:
+    """How far the result lies beyond its tolerance (<= 0: within), and at which point of a curve.
+
+    A curve is compared point by point, against one tolerance or one per point (early epochs move
+    more between runs than late ones); a curve of another length is not the same run at all.
+    """
     if isinstance(reference, list) != isinstance(measured, list):
-        return math.inf
-    if isinstance(reference, list):
-        if len(reference) != len(measured):
-            return math.inf
-        return max((abs(m - r) for m, r in zip(measured, reference, strict=True)), default=0.0)
-    return abs(measured - reference)
+        return math.inf, None
+    if not isinstance(reference, list):
+        return abs(measured - reference) - tolerance, None
+    if len(reference) != len(measured):
+        return math.inf, None
+    tolerances = tolerance if isinstance(tolerance, list) else [tolerance] * len(reference)
+    worst, where = -math.inf, None
+    for i, (m, r, t) in enumerate(zip(measured, reference, tolerances, strict=True)):
+        if abs(m - r) - t > worst:
+            worst, where = abs(m - r) - t, i
+    return (worst if where is not None else 0.0), where
+
+
+def _format_tolerance(tolerance: Any) -> str:
+    if isinstance(tolerance, list):
+        return f"{min(tolerance):.2g}..{max(tolerance):.2g}" if tolerance else "-"
+    return f"{tolerance:.3g}"
 
 
 def parameters_differ(reference: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
@@ -132,15 +151,21 @@ def compare(notebook: str, params: Mapping[str, Any], results: Mapping[str, Any]
                        measured)
     failures, lines = [], []
     for name, spec in expected.items():
-        deviation = _deviation(measured[name], spec["value"])
-        within = deviation <= spec["abs"] + 1e-12
-        lines.append(f"  {name:<24} {_format_value(spec['value']):>16} ± {spec['abs']:<8.3g} "
+        excess, point = _excess(measured[name], spec["value"], spec["abs"])
+        within = excess <= 1e-12
+        lines.append(f"  {name:<24} {_format_value(spec['value']):>16} ± {_format_tolerance(spec['abs']):<12} "
                      f"{'ok' if within else 'OUTSIDE'}")
         if not within:
-            got = _format_value(measured[name]) if not isinstance(measured[name], list) else (
-                f"curve off by up to {deviation:.4g}")
-            failures.append(f"{name}: {got} is not within ±{spec['abs']:.4g} of the reference "
-                            f"{_format_value(spec['value'])}")
+            if point is None and isinstance(spec["value"], list):
+                failures.append(f"{name}: a curve of {len(measured[name]) if isinstance(measured[name], list) else 1}"
+                                f" points is not the reference's {_format_value(spec['value'])}")
+            elif point is None:
+                failures.append(f"{name}: {_format_value(measured[name])} is not within ±{spec['abs']:.4g} of the "
+                                f"reference {_format_value(spec['value'])}")
+            else:
+                tol = spec["abs"][point] if isinstance(spec["abs"], list) else spec["abs"]
+                failures.append(f"{name}: point {point + 1} of the curve is {measured[name][point]:.4g}, not within "
+                                f"±{tol:.4g} of the reference {spec['value'][point]:.4g}")
     runs = reference.get("measured", {}).get("runs", {})
     header = (f"Compared with the reference run (notebooks/references/{notebook}.json; tolerances from "
               f"{len(runs)} runs across instruction sets, thread counts and seeds):")
