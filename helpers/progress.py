@@ -166,11 +166,11 @@ class ProgressView:
                 for bar in self._bars.values():
                     bar.close()
 
-    @property
-    def bars(self) -> dict[str, dict[str, Any]]:
-        """The last state seen of every bar, by id."""
-        with self._lock:
-            return dict(self._last)
+
+def check_enabled(enabled: Any) -> None:
+    """The one rule for the `progress` setting (the launchers' option, `progress_view`, the Ray relay)."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"progress={enabled!r}: use True, False, or None (automatic).")
 
 
 def progress_view(enabled: bool | None = None) -> ProgressView | None:
@@ -179,8 +179,7 @@ def progress_view(enabled: bool | None = None) -> ProgressView | None:
     `enabled=None` (automatic): in a Jupyter kernel, or in a terminal (stderr is a tty). `HELPERS_PROGRESS=off`
     wins over everything; `on` draws on stderr even when it is not a terminal.
     """
-    if enabled is not None and not isinstance(enabled, bool):
-        raise ValueError(f"progress={enabled!r}: use True, False, or None (automatic).")
+    check_enabled(enabled)
     switch = _switch()
     if switch == "off" or enabled is False:
         return None

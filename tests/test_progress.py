@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-import helpers.launcher
 import helpers.progress
 from helpers import LaunchError, distributed, progress_bar, worker_context
 from helpers.progress import METADATA_KEY, ProgressView, format_bar
@@ -42,7 +41,6 @@ class RecordingView(ProgressView):
 @pytest.fixture
 def recording_view(monkeypatch):
     view = RecordingView()
-    monkeypatch.setattr(helpers.launcher, "progress_view", lambda enabled=None: None if enabled is False else view)
     monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: None if enabled is False else view)
     return view
 

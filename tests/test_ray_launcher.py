@@ -146,12 +146,10 @@ def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
     The address is given to the launcher, which connects for the call and disconnects afterwards.
     Rank 0's progress bar travels through the relay actor and is drawn by the driver.
     """
-    import helpers.launcher
     import helpers.progress
     from tests.test_progress import RecordingView
 
     view = RecordingView()
-    monkeypatch.setattr(helpers.launcher, "progress_view", lambda enabled=None: view)
     monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
 
     @distributed(processes=2, cluster=two_nodes.address)
