@@ -26,12 +26,11 @@ def test_private_api_is_where_it_was_checked(api):
 
 
 def test_a_moved_name_fails_loudly_naming_the_checked_version():
-    moved = _compat.PrivateAPI("torch", "torch.distributed.rendezvous", "_handlers_renamed", "2.14.1",
-                               "show what a move looks like")
+    moved = _compat.PrivateAPI("torch", "torch.distributed.rendezvous", "_handlers_renamed", "2.14.1")
     with pytest.raises(_compat.CompatError, match=r"_handlers_renamed moved.*checked against torch 2\.14\.1.*"
-                                                  r"Update helpers/launch/_compat\.py"):
+                                                  r"Update its entry in helpers/launch/_compat\.py"):
         _compat.resolve(moved)
-    gone = _compat.PrivateAPI("ray", "ray._private.worker", "_temp_dir_renamed", "2.60.0", "test", kind="text")
+    gone = _compat.PrivateAPI("ray", "ray._private.worker", "_temp_dir_renamed", "2.60.0", kind="text")
     with pytest.raises(_compat.CompatError, match="no longer mentions '_temp_dir_renamed'"):
         _compat.resolve(gone)
 

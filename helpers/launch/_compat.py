@@ -7,7 +7,7 @@ that moved one, that test fails and names the entry, instead of a launch failing
 less) in a notebook. No other module of helpers.launch touches a private name (a test checks that).
 
 The torch entries were checked against torch 2.14.1, the Ray entries against Ray 2.60.0, the
-standard-library ones against Python 3.11.
+standard-library ones against Python 3.11 (`TORCH`, `RAY`, `PYTHON` below).
 """
 
 from __future__ import annotations
@@ -25,13 +25,18 @@ class CompatError(RuntimeError):
     """A private API this package relies on is not where it was: helpers/launch/_compat.py needs an update."""
 
 
+# The versions every entry below was checked against.
+TORCH, RAY, PYTHON = "2.14.1", "2.60.0", "3.11"
+
+
 @dataclass(frozen=True)
 class PrivateAPI:
+    """One private name used here; the comment above its declaration says what for."""
+
     library: str  # "torch", "ray" or "python"
     module: str
     name: str  # attribute path inside the module, or (kind "text") a name the module's source must mention
     checked: str  # the library version this use was checked against
-    why: str
     kind: str = "attr"  # "attr": module.name must exist; "text": the module reads `name` (an env var, a keyword)
 
     def describe(self) -> str:
@@ -64,22 +69,19 @@ def resolve(api: PrivateAPI) -> Any:
     except Exception as e:
         raise CompatError(
             f"{api.library} {_installed(api.library)}: {api.describe()} moved or changed ({type(e).__name__}: "
-            f"{e}); it was checked against {api.library} {api.checked}. It is used to {api.why}. "
-            "Update helpers/launch/_compat.py for this version."
+            f"{e}); it was checked against {api.library} {api.checked}. Update its entry in "
+            "helpers/launch/_compat.py (the comment above it says what it is used for) for this version."
         ) from e
 
 
 # ---------------------------------------------------------------------------------------------- torch
 
-RENDEZVOUS_HANDLERS = PrivateAPI(
-    "torch", "torch.distributed.rendezvous", "_rendezvous_handlers", "2.14.1",
-    "prefix a restarted group's store keys by attempt (max_restarts), so it never reads the dead group's")
-AGENT_STORE_IN_USE = PrivateAPI(
-    "torch", "torch.distributed.rendezvous", "_torchelastic_use_agent_store", "2.14.1",
-    "tell whether the ranks share the elastic agent's store across restarts")
-SIGNAL_EXCEPTION = PrivateAPI(
-    "torch", "torch.distributed.elastic.multiprocessing.api", "SignalException", "2.14.1",
-    "recognise the kernel's interrupt (SIGINT) inside torch elastic's agent and raise KeyboardInterrupt")
+# Prefix a restarted group's store keys by attempt (max_restarts), so it never reads the dead group's.
+RENDEZVOUS_HANDLERS = PrivateAPI("torch", "torch.distributed.rendezvous", "_rendezvous_handlers", TORCH)
+# Tell whether the ranks share the elastic agent's store across restarts.
+AGENT_STORE_IN_USE = PrivateAPI("torch", "torch.distributed.rendezvous", "_torchelastic_use_agent_store", TORCH)
+# Recognise the kernel's interrupt (SIGINT) inside torch elastic's agent and raise KeyboardInterrupt.
+SIGNAL_EXCEPTION = PrivateAPI("torch", "torch.distributed.elastic.multiprocessing.api", "SignalException", TORCH)
 
 
 def prefix_store_keys_by_attempt(attempt: int) -> None:
@@ -110,12 +112,10 @@ def signal_exception_type() -> type[BaseException]:
 
 # ------------------------------------------------------------------------------------ standard library
 
-RUN_EXIT_FUNCS = PrivateAPI(
-    "python", "atexit", "_run_exitfuncs", "3.11",
-    "run a worker's atexit handlers, which multiprocessing's os._exit() skips (Streaming frees /dev/shm there)")
-FORKSERVER_ENSURE_RUNNING = PrivateAPI(
-    "python", "multiprocessing.forkserver", "ensure_running", "3.11",
-    "start the forkserver when a function is decorated, so it has imported torch by the launch cell")
+# Run a worker's atexit handlers, which multiprocessing's os._exit() skips (Streaming frees /dev/shm there).
+RUN_EXIT_FUNCS = PrivateAPI("python", "atexit", "_run_exitfuncs", PYTHON)
+# Start the forkserver when a function is decorated, so it has imported torch by the launch cell.
+FORKSERVER_ENSURE_RUNNING = PrivateAPI("python", "multiprocessing.forkserver", "ensure_running", PYTHON)
 
 
 def run_exit_handlers() -> None:
@@ -128,49 +128,37 @@ def start_forkserver() -> None:
 
 # ------------------------------------------------------------------------------------------------ Ray
 
-RAY_ORIGINAL_PRINT = PrivateAPI(
-    "ray", "ray.train.v2._internal.logging.patch_print", "_original_print", "2.60.0",
-    "give a Ray Train worker the real print(), so the launcher forwards what it prints with a rank prefix")
-RAY_ADDRESS_AND_PORT = PrivateAPI(
-    "ray", "ray.train._internal.utils", "get_address_and_port", "2.60.0",
-    "find rank 0's address and a free port for MASTER_ADDR / MASTER_PORT")
-RAY_TORCH_ENV_VARS = PrivateAPI(
-    "ray", "ray.train.torch.config", "_set_torch_distributed_env_vars", "2.60.0",
-    "give Ray Train workers the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE...)")
-RAY_TORCH_BACKEND = PrivateAPI(
-    "ray", "ray.train.torch.config", "_TorchBackend", "2.60.0",
-    "set the workers up as torchrun does without creating a process group the function creates itself")
-RAY_AUTH_CONFIG = PrivateAPI(
-    "ray", "ray._raylet", "Config.initialize", "2.60.0",
-    "make Ray's C++ side re-read RAY_AUTH_MODE for a private instance's token")
-RAY_AUTH_TOKEN_LOADER = PrivateAPI(
-    "ray", "ray._raylet", "AuthenticationTokenLoader.instance", "2.60.0",
-    "make Ray forget a cached token, so a private instance's token never goes to ~/.ray")
-RAY_TEMP_DIR = PrivateAPI(
-    "ray", "ray._private.worker", "_temp_dir", "2.60.0",
-    "keep a private instance's files under a short /tmp folder (Ray's socket paths must stay short)",
-    kind="text")
-# Ray Train's internal switches, set for the duration of a launch (Ray Train passes them to its workers).
-_RAY_TRAIN_CONSTANTS = "ray.train.v2._internal.constants"
-RAY_QUIET_SWITCHES = {
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.60.0",
-               "poll the workers every 0.1 s: otherwise every ray.train.report() waits ~1.7 s", "text"): "0.1",
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_ENABLE_PRINT_PATCH", "2.60.0",
-               "keep print() a print: the launcher forwards it itself", "text"): "0",
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_ENABLE_CONTROLLER_STRUCTURED_LOGGING", "2.60.0",
-               "keep Ray Train's controller logs out of the cell", "text"): "0",
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING", "2.60.0",
-               "keep Ray Train's worker logs out of the cell", "text"): "0",
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "2.60.0",
-               "skip the state actor's reconciliation loop", "text"): "0",
-    PrivateAPI("ray", _RAY_TRAIN_CONSTANTS, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "2.60.0",
-               "start one actor (process) less per run", "text"): "0",
-    PrivateAPI("ray", "ray._private.ray_constants", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "2.60.0",
-               "keep Ray from re-creating the environment with `uv run` in its workers", "text"): "0",
+# Give a Ray Train worker the real print(), so the launcher forwards what it prints with a rank prefix.
+RAY_ORIGINAL_PRINT = PrivateAPI("ray", "ray.train.v2._internal.logging.patch_print", "_original_print", RAY)
+# Find rank 0's address and a free port for MASTER_ADDR / MASTER_PORT.
+RAY_ADDRESS_AND_PORT = PrivateAPI("ray", "ray.train._internal.utils", "get_address_and_port", RAY)
+# Give Ray Train workers the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE...).
+RAY_TORCH_ENV_VARS = PrivateAPI("ray", "ray.train.torch.config", "_set_torch_distributed_env_vars", RAY)
+# Set the workers up as torchrun does without creating a process group the function creates itself.
+RAY_TORCH_BACKEND = PrivateAPI("ray", "ray.train.torch.config", "_TorchBackend", RAY)
+# Make Ray's C++ side re-read RAY_AUTH_MODE for a private instance's token.
+RAY_AUTH_CONFIG = PrivateAPI("ray", "ray._raylet", "Config.initialize", RAY)
+# Make Ray forget a cached token, so a private instance's token never goes to ~/.ray.
+RAY_AUTH_TOKEN_LOADER = PrivateAPI("ray", "ray._raylet", "AuthenticationTokenLoader.instance", RAY)
+# Keep a private instance's files under a short /tmp folder (Ray's socket paths must stay short).
+RAY_TEMP_DIR = PrivateAPI("ray", "ray._private.worker", "_temp_dir", RAY, kind="text")
+# Ray's internal switches, set for the duration of a launch (Ray Train passes them on to its workers):
+# {variable: (value, the module that reads it, why)}.
+_RAY_SWITCHES = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": ("0.1", "train", "otherwise every ray.train.report() waits ~1.7 s"),
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": ("0", "train", "keep print() a print: the launcher forwards it itself"),
+    "RAY_TRAIN_ENABLE_CONTROLLER_STRUCTURED_LOGGING": ("0", "train", "keep controller logs out of the cell"),
+    "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": ("0", "train", "keep worker logs out of the cell"),
+    "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION": ("0", "train", "skip the state actor's reconciliation"),
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": ("0", "train", "start one actor (process) less per run"),
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": ("0", "core", "keep Ray from re-creating the environment with uv"),
 }
+_SWITCH_READERS = {"train": "ray.train.v2._internal.constants", "core": "ray._private.ray_constants"}
+RAY_QUIET_SWITCHES = tuple(PrivateAPI("ray", _SWITCH_READERS[reader], name, RAY, kind="text")
+                           for name, (_, reader, _) in _RAY_SWITCHES.items())
 # Documented Ray and Tune settings, set for the same reason.
 _RAY_PUBLIC_SWITCHES = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
-RAY_QUIET_ENV = {api.name: value for api, value in RAY_QUIET_SWITCHES.items()} | _RAY_PUBLIC_SWITCHES
+RAY_QUIET_ENV = {name: value for name, (value, _, _) in _RAY_SWITCHES.items()} | _RAY_PUBLIC_SWITCHES
 
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     RENDEZVOUS_HANDLERS, AGENT_STORE_IN_USE, SIGNAL_EXCEPTION, RUN_EXIT_FUNCS, FORKSERVER_ENSURE_RUNNING,
