@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 #: The classes: (name, RGB colour). Form and colour both differ, so either cue identifies the class.
 CATEGORIES: tuple[tuple[str, tuple[int, int, int]], ...] = (
@@ -177,26 +177,18 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
         val_images=root / "val", val_annotations=root / "annotations" / "instances_val.json",
         categories={i + 1: name for i, (name, _) in enumerate(CATEGORIES)},
     )
-    manifest = root / "manifest.json"
-    if manifest.is_file():
-        try:
-            if json.loads(manifest.read_text()) == args:
-                return result
-        except json.JSONDecodeError:
-            pass
-    # A stale or partial build: replace only what this builder writes.
-    manifest.unlink(missing_ok=True)
-    for part in (result.train_images, result.val_images, root / "annotations"):
-        if part.exists():
-            shutil.rmtree(part)
-    (root / "annotations").mkdir(parents=True, exist_ok=True)
     # One generator per split, so the validation set does not change when n_train does.
     train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     common = dict(image_size=image_size, max_objects=max_objects, min_size=min_size, max_size=max_size,
                   max_overlap=max_overlap)
-    _write_split(result.train_images, result.train_annotations, "train", n_train, rng=train_rng, **common)
-    _write_split(result.val_images, result.val_annotations, "val", n_val, rng=val_rng, **common)
-    manifest.write_text(json.dumps(args, indent=1, sort_keys=True))  # written last: marks a complete build
+
+    def write() -> None:
+        (root / "annotations").mkdir(parents=True, exist_ok=True)
+        _write_split(result.train_images, result.train_annotations, "train", n_train, rng=train_rng, **common)
+        _write_split(result.val_images, result.val_annotations, "val", n_val, rng=val_rng, **common)
+
+    # A stale or partial build: only what this builder writes is replaced.
+    reuse_or_build(root, args, [result.train_images, result.val_images, root / "annotations"], write)
     return result
 
 

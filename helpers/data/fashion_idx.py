@@ -13,13 +13,13 @@ a model has to learn shapes: chance is 10 %, a small CNN reaches about 90 %.
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
            "Ankle boot")
@@ -133,21 +133,14 @@ def build(root: str | Path | None = None, train_size: int = 6000, test_size: int
             raise ValueError(f"{name}={value!r} must be a whole number >= {len(CLASSES)} (one image per class).")
     root = Path(root) if root is not None else cache_dir("fashion_idx")
     raw = root / "FashionMNIST" / "raw"
-    manifest = raw / "manifest.json"
     wanted = {"version": _VERSION, "train_size": train_size, "test_size": test_size, "seed": seed}
-    files = [raw / name for pair in _FILES.values() for name in pair]
-    if manifest.exists() and all(f.exists() for f in files):
-        try:
-            if json.loads(manifest.read_text()) == wanted:
-                return root
-        except ValueError:
-            pass
-    raw.mkdir(parents=True, exist_ok=True)
-    manifest.unlink(missing_ok=True)  # a half-written build is never mistaken for a complete one
-    for split, n, split_seed in (("train", train_size, seed), ("test", test_size, seed + 1_000_003)):
-        images, labels = make_images(n, split_seed)
-        image_file, label_file = _FILES[split]
-        write_idx_images(raw / image_file, images)
-        write_idx_labels(raw / label_file, labels)
-    manifest.write_text(json.dumps(wanted))
+
+    def write() -> None:
+        for split, n, split_seed in (("train", train_size, seed), ("test", test_size, seed + 1_000_003)):
+            images, labels = make_images(n, split_seed)
+            image_file, label_file = _FILES[split]
+            write_idx_images(raw / image_file, images)
+            write_idx_labels(raw / label_file, labels)
+
+    reuse_or_build(raw, wanted, [raw / name for pair in _FILES.values() for name in pair], write)
     return root

@@ -27,7 +27,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 # The 18 genres of MovieLens (plus "(no genres listed)", which real files also use).
 GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama",
@@ -77,11 +78,22 @@ def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000,
         raise ValueError(f"need 0 < min_ratings ({min_ratings}) <= max_ratings ({max_ratings}) "
                          f"<= num_movies ({num_movies}).")
     out = Path(out_dir) if out_dir is not None else cache_dir("movielens", _digest(args)[:12])
-    out.mkdir(parents=True, exist_ok=True)
-    ratings_csv, movies_csv, manifest = out / "ratings.csv", out / "movies.csv", out / MANIFEST
-    if _read_json(manifest) == args and ratings_csv.is_file() and movies_csv.is_file():
-        return MovieLensFiles(ratings_csv, movies_csv, built=False)
+    ratings_csv, movies_csv = out / "ratings.csv", out / "movies.csv"
 
+    def write() -> None:
+        ratings, movies = _make_tables(num_users=num_users, num_movies=num_movies, min_ratings=min_ratings,
+                                       max_ratings=max_ratings, factors=factors, taste=taste,
+                                       popularity=popularity, seed=seed)
+        ratings.to_csv(ratings_csv, index=False)
+        movies.to_csv(movies_csv, index=False)
+
+    build = reuse_or_build(out, args, [ratings_csv, movies_csv], write, manifest=MANIFEST)
+    return MovieLensFiles(ratings_csv, movies_csv, built=not build.reused)
+
+
+def _make_tables(*, num_users: int, num_movies: int, min_ratings: int, max_ratings: int, factors: int,
+                 taste: float, popularity: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ratings and movies tables of `build_movielens` (its docstring says how they are made)."""
     rng = np.random.default_rng(seed)
     movie_factors = rng.standard_normal((num_movies, factors))
     user_factors = rng.standard_normal((num_users, factors))
@@ -121,12 +133,7 @@ def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000,
         rows.append(pd.DataFrame({"userId": u + 1, "movieId": movie_ids[chosen], "rating": stars,
                                   "timestamp": times}))
     ratings = pd.concat(rows, ignore_index=True).sort_values(["userId", "timestamp"], kind="stable")
-    movies = pd.DataFrame({"movieId": movie_ids, "title": titles, "genres": genres})
-
-    ratings.to_csv(ratings_csv, index=False)
-    movies.to_csv(movies_csv, index=False)
-    manifest.write_text(json.dumps(args, indent=1, sort_keys=True))
-    return MovieLensFiles(ratings_csv, movies_csv, built=True)
+    return ratings, pd.DataFrame({"movieId": movie_ids, "title": titles, "genres": genres})
 
 
 def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataFrame:

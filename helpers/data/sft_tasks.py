@@ -23,7 +23,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 TASKS = ("reverse", "sort", "add")
 ROLES = ("system", "user", "assistant")
@@ -96,22 +97,17 @@ def build_sft_tasks(task: str = "reverse", n_train: int = 4000, n_test: int = 20
             "max_len": max_len, "version": _FORMAT_VERSION}
     key = hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(root) if root is not None else cache_dir("sft_tasks", f"{task}-{key}")
-    folder.mkdir(parents=True, exist_ok=True)
     paths = {"train": folder / "train.jsonl", "test": folder / "test.jsonl"}
-    manifest = folder / "manifest.json"
-    if manifest.exists() and all(p.exists() for p in paths.values()):
-        try:
-            if json.loads(manifest.read_text()) == args:
-                return paths
-        except json.JSONDecodeError:
-            pass
-    # The held-out prompts are drawn first, then excluded from training: no test question is memorised.
-    test = _generate(task, n_test, seed + 1_000_003, min_len, max_len)
-    train = _generate(task, n_train, seed, min_len, max_len,
-                      exclude={ex["messages"][0]["content"] for ex in test})
-    _write_jsonl(paths["train"], train)
-    _write_jsonl(paths["test"], test)
-    manifest.write_text(json.dumps(args, sort_keys=True))
+
+    def write() -> None:
+        # The held-out prompts are drawn first, then excluded from training: no test question is memorised.
+        test = _generate(task, n_test, seed + 1_000_003, min_len, max_len)
+        train = _generate(task, n_train, seed, min_len, max_len,
+                          exclude={ex["messages"][0]["content"] for ex in test})
+        _write_jsonl(paths["train"], train)
+        _write_jsonl(paths["test"], test)
+
+    reuse_or_build(folder, args, paths.values(), write)
     return paths
 
 
