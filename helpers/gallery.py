@@ -9,7 +9,8 @@
 A parameter given as NAME=VALUE goes to every selected notebook that declares NAME; NOTEBOOK:NAME=VALUE
 to that notebook only (an error if it does not declare it), and wins over NAME=VALUE. Values are Python
 literals, else strings. Everything is checked before the first notebook starts. A failing notebook does
-not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed).
+not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed),
+and 2 when the command line is refused (the message says what to change).
 
 Output: runs/<stamp>/ with notebooks/<nb>.ipynb (executed) and .html (rendered), figures/<nb>.png (main
 figures), index.html (the report: open it in a browser), summary.json, summary.md, and the MLflow store
@@ -36,9 +37,12 @@ from typing import Any
 
 from helpers import tracking
 from helpers._env import temporary_environ
+from helpers.compare import add_compare_arguments, run_compare
 from helpers.cpus import usable_cpus
 from helpers.execute import execute_notebook, first_error, notebook_parameters, record_metadata
+from helpers.gallery_errors import GalleryError, exits_on_gallery_error
 from helpers.paths import NOTEBOOKS_DIR, ROOT
+from helpers.report import complete_entry, write_index
 
 
 @dataclass
@@ -76,7 +80,7 @@ def discover(names: list[str], notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path
         if Path(name).suffix == ".ipynb" and Path(name).exists():
             matches = [Path(name).resolve()]
         if len(matches) != 1:
-            raise SystemExit(
+            raise GalleryError(
                 f"no single notebook matches {name!r}; available: {', '.join(p.stem for p in available)}"
             )
         chosen.append(matches[0])
@@ -89,21 +93,21 @@ def parse_overrides(items: list[str], notebooks: list[Path]) -> dict[Path, dict[
     per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"-p {item!r}: write NAME=VALUE or NOTEBOOK:NAME=VALUE")
+            raise GalleryError(f"-p {item!r}: write NAME=VALUE or NOTEBOOK:NAME=VALUE")
         key, value = item.split("=", 1)
         target, _, name = key.rpartition(":")
         value = _literal(value)
         if target:
             nb = discover([target], notebooks[0].parent if notebooks else NOTEBOOKS_DIR)[0]
             if nb not in per_nb:
-                raise SystemExit(f"-p {item!r}: {nb.stem} is not among the notebooks selected to run")
+                raise GalleryError(f"-p {item!r}: {nb.stem} is not among the notebooks selected to run")
             if name not in declared[nb]:
-                raise SystemExit(f"-p {item!r}: {nb.stem} has no parameter {name!r}; it has {sorted(declared[nb])}")
+                raise GalleryError(f"-p {item!r}: {nb.stem} has no parameter {name!r}; it has {sorted(declared[nb])}")
             per_nb[nb][name] = value
         else:
             takers = [nb for nb in notebooks if name in declared[nb]]
             if not takers:
-                raise SystemExit(f"-p {item!r}: no selected notebook declares a parameter {name!r}")
+                raise GalleryError(f"-p {item!r}: no selected notebook declares a parameter {name!r}")
             for nb in takers:
                 per_nb[nb].setdefault(name, value)
     # Notebook-specific values win over global ones whatever their order on the command line.
@@ -202,8 +206,6 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
     """Execute the notebooks one after the other into `run_dir`; rewrite summary and report after each.
 
     `tracking_uri` None turns MLflow tracking off (the kernels get GALLERY_TRACKING=off)."""
-    from helpers.report import complete_entry, write_index
-
     host = host or {}
     out_dir = run_dir / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -287,9 +289,8 @@ def new_run_dir(runs_dir: Path) -> Path:
     return run_dir
 
 
+@exits_on_gallery_error
 def main(argv: list[str] | None = None) -> int:
-    from helpers.report import add_compare_arguments, run_compare
-
     parser = argparse.ArgumentParser(prog="python -m helpers.gallery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", help="names, stems or numbers (default: all)")
@@ -316,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     notebooks_dir = Path(args.notebooks_dir)
     notebooks = discover(args.notebooks, notebooks_dir)
     if not notebooks:
-        raise SystemExit(f"no notebooks found in {notebooks_dir}")
+        raise GalleryError(f"no notebooks found in {notebooks_dir}")
     if args.list:
         for nb in notebooks:
             print(nb.stem, notebook_parameters(nb))
         return 0
     overrides = parse_overrides(args.parameter, notebooks)
     if args.baseline and not Path(args.baseline).exists():
-        raise SystemExit(f"--baseline {args.baseline}: no such run folder or JSON file")
+        raise GalleryError(f"--baseline {args.baseline}: no such run folder or JSON file")
 
     run_dir = new_run_dir(Path(args.runs_dir))
     if args.no_tracking or not tracking.enabled():

@@ -19,6 +19,13 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"metric value {value!r} ({type(value).__name__}) is not a number or string")
 
 
+def format_metric(value: Any) -> str:
+    """A metric as the report and the comparison show it: floats to 4 significant digits."""
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
 def _json_safe(value: Any) -> Any:
     try:
         return _plain(value)

@@ -21,6 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from helpers import gallery, tracking
 from helpers._env import temporary_environ
+from helpers.gallery_errors import USAGE_ERROR, GalleryError
 
 OK_CODE = """import matplotlib
 matplotlib.use("agg")
@@ -116,19 +117,20 @@ def test_global_and_notebook_specific_overrides(two_notebooks):
     ("03:n=1", "no single notebook matches '03'"),
 ])
 def test_unknown_names_are_refused(two_notebooks, item, message):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(GalleryError, match=message):
         gallery.parse_overrides([item], gallery.discover([], two_notebooks))
 
 
-def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path):
+def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path, capsys):
     runs = tmp_path / "runs"
-    with pytest.raises(SystemExit, match="bogus"):
-        gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs), "-p", "n=2", "-p", "bogus=1"])
+    status = gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs),
+                           "-p", "n=2", "-p", "bogus=1"])
+    assert status == USAGE_ERROR and "error: -p 'bogus=1'" in capsys.readouterr().err
     assert not runs.exists(), "a run folder was created although the command line was refused"
 
 
 def test_override_for_notebook_not_selected(two_notebooks):
-    with pytest.raises(SystemExit, match="not among the notebooks selected"):
+    with pytest.raises(GalleryError, match="not among the notebooks selected"):
         gallery.parse_overrides(["02:n=1"], gallery.discover(["01"], two_notebooks))
 
 
@@ -138,7 +140,7 @@ def test_discovery_by_number_and_stem(two_notebooks):
     assert gallery.discover(["02"], two_notebooks) == [two_notebooks / "02_ok.ipynb"]
     assert gallery.discover(["02_ok", "01"], two_notebooks) == [two_notebooks / "02_ok.ipynb",
                                                                 two_notebooks / "01_fails.ipynb"]
-    with pytest.raises(SystemExit, match="available: 01_fails, 02_ok"):
+    with pytest.raises(GalleryError, match="available: 01_fails, 02_ok"):
         gallery.discover(["9"], two_notebooks)
 
 

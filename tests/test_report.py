@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import gallery, report
+from helpers import compare, gallery, report
+from helpers.gallery_errors import USAGE_ERROR, GalleryError
 from tests.test_gallery import synthetic_run  # noqa: F401  (the shared session fixture)
 
 # --- compare (no kernel) ------------------------------------------------------------------------------
@@ -104,10 +105,12 @@ def test_compare_status_timings_and_baseline_json(tmp_path):
     baseline = tmp_path / "baseline.json"  # the short form: {notebook: {metric: value}}
     baseline.write_text(json.dumps({"02_det": {"map": 0.55}}))
     b = _summary(tmp_path, "b2", BEFORE)
-    assert report.run_compare(str(baseline), str(b)) == 1
-    assert report.run_compare(str(baseline), str(b), ["0.2"]) == 0
-    with pytest.raises(SystemExit, match="no such run folder"):
-        report.load_run(tmp_path / "nowhere")
+    assert compare.run_compare(str(baseline), str(b)) == 1
+    assert compare.run_compare(str(baseline), str(b), ["0.2"]) == 0
+    with pytest.raises(GalleryError, match="no such run folder"):
+        compare.load_run(tmp_path / "nowhere")
+    assert report.main(["--compare", str(tmp_path / "nowhere"), str(b)]) == USAGE_ERROR
+    assert report.main([str(tmp_path / "nowhere")]) == USAGE_ERROR
 
 
 def test_compare_real_run_with_itself_and_a_better_baseline(synthetic_run, tmp_path, capsys):  # noqa: F811
