@@ -21,8 +21,11 @@ from helpers.gallery_errors import GalleryError
 from helpers.metrics import format_metric
 
 _LOWER = re.compile(r"loss|error|err\b|diff|perplexity|ppl|mse|mae|rmse|nll|wer|cer|distance|_gap", re.I)
-_HIGHER = re.compile(r"acc|auc|map\b|\bmap|f1|precision|recall|score|ndcg|hit|iou|r2|bleu|rouge|reward|win_rate", re.I)
-_TIMING = re.compile(r"seconds|_secs?\b|_s$|time|latency|throughput|per_s(ec)?\b|_per_|samples_s|tokens_s|it_s", re.I)
+_HIGHER = re.compile(r"acc|auc|map\b|\bmap|f1|precision|recall|score|ndcg|hit|iou|r2|bleu|rouge|reward"
+                     r"|win_rate", re.I)
+_TIMING = re.compile(r"seconds|_secs?\b|_s$|time|latency|throughput|per_s(ec)?\b|_per_|samples_s|tokens_s"
+                     r"|it_s", re.I)
+_RATE = re.compile(r"throughput|_per_|per_s|samples_s|tokens_s|it_s", re.I)  # timings where higher is better
 
 
 @dataclass
@@ -46,7 +49,7 @@ def direction(metric: str, overrides: dict[str, str] | None = None) -> str:
     if overrides and metric in overrides:
         return overrides[metric]
     if _LOWER.search(metric) or _TIMING.search(metric):
-        return "lower" if not re.search(r"throughput|_per_|per_s|samples_s|tokens_s|it_s", metric, re.I) else "higher"
+        return "higher" if _RATE.search(metric) else "lower"
     if _HIGHER.search(metric):
         return "higher"
     return "either"
@@ -85,7 +88,8 @@ def parse_tolerances(items: list[str]) -> tuple[float, dict[str, float]]:
         try:
             number = float(value)
         except ValueError:
-            raise GalleryError(f"--tolerance {item!r}: write a relative tolerance (0.05 = 5%) or NAME=0.05") from None
+            raise GalleryError(
+                f"--tolerance {item!r}: write a relative tolerance (0.05 = 5%) or NAME=0.05") from None
         if sep:
             per[key] = number
         else:
@@ -126,7 +130,8 @@ def compare(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
             continue
         a, b = before[name], after[name]
         if a.get("status") == "passed" and b.get("status") not in (None, "passed"):
-            changes.append(Change(name, "(status)", "passed", b.get("status"), "regression", "the notebook now fails"))
+            changes.append(Change(name, "(status)", "passed", b.get("status"), "regression",
+                                  "the notebook now fails"))
         elif a.get("status") not in (None, "passed") and b.get("status") == "passed":
             changes.append(Change(name, "(status)", a.get("status"), "passed", "fixed"))
         ma, mb = dict(a.get("metrics") or {}), dict(b.get("metrics") or {})
@@ -176,8 +181,10 @@ def format_changes(changes: list[Change], within: int, label_a: str, label_b: st
         mwidth = max(len(c.metric) for c in changes)
         for c in changes:
             rel = f"{c.relative:+.2%}" if c.relative is not None else ""
-            lines.append(f"  {c.notebook:<{width}}  {c.metric:<{mwidth}}  {format_metric(c.before):>10} -> {format_metric(c.after):<10} "
-                         f"{rel:>9}  {c.verdict.upper()}" + (f" ({c.note})" if c.note else ""))
+            values = f"{format_metric(c.before):>10} -> {format_metric(c.after):<10}"
+            note = f" ({c.note})" if c.note else ""
+            what = f"{c.notebook:<{width}}  {c.metric:<{mwidth}}"
+            lines.append(f"  {what}  {values} {rel:>9}  {c.verdict.upper()}{note}")
     regressions = sum(c.verdict == "regression" for c in changes)
     improved = sum(c.verdict in ("improved", "fixed") for c in changes)
     lines.append(f"{within} metric(s) within tolerance, {improved} improved, {regressions} regression(s), "

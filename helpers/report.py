@@ -166,7 +166,8 @@ def _row(entry: dict[str, Any], run_host: dict[str, Any]) -> str:
         where = f" In [{error['execution_count']}]" if error.get("execution_count") else (
             f" (cell {error['cell']})" if error.get("cell") is not None else "")
         if entry.get("html") and error.get("anchor"):
-            badge += f'<br><span class="small err">{_link(entry["html"] + "#" + error["anchor"], "failing cell" + where)}'
+            link = _link(entry["html"] + "#" + error["anchor"], "failing cell" + where)
+            badge += f'<br><span class="small err">{link}'
             badge += f"</span><br><span class=\"small err\">{html.escape(what[:300])}</span>"
         else:
             badge += f'<br><span class="small err">{html.escape(what[:300] + where)}</span>'
@@ -177,13 +178,16 @@ def _row(entry: dict[str, Any], run_host: dict[str, Any]) -> str:
                                               for k, v in metrics.items()) + "</ul>")
     overrides = entry.get("parameters") or {}
     params = entry.get("all_parameters") or overrides
-    cells.append('<ul class="kv">' + "".join(
-        f"<li>{'<b>' if k in overrides else ''}{html.escape(k)}={html.escape(repr(v))}{'</b>' if k in overrides else ''}</li>"
-        for k, v in params.items()) + "</ul>")
+    def param(k: str, v: Any) -> str:  # the ones given on the command line in bold
+        text = f"{html.escape(k)}={html.escape(repr(v))}"
+        return f"<li><b>{text}</b></li>" if k in overrides else f"<li>{text}</li>"
+
+    cells.append('<ul class="kv">' + "".join(param(k, v) for k, v in params.items()) + "</ul>")
     cells.append(_host_text(entry, run_host))
     if entry.get("figure"):
-        cells.append(_link(entry["figure"], "").replace(
-            "></a>", f'><img class="thumb" src="{html.escape(entry["figure"])}" alt="main figure of {html.escape(name)}"></a>'))
+        image = (f'<img class="thumb" src="{html.escape(entry["figure"])}" '
+                 f'alt="main figure of {html.escape(name)}">')
+        cells.append(_link(entry["figure"], "").replace("></a>", f">{image}</a>"))
     else:
         cells.append('<span class="small">no figure</span>')
     return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
@@ -237,8 +241,8 @@ def build_report(run_dir: str | Path) -> Path:
     """Render every notebook of a run folder, find thumbnails, write index.html (and update summary.json)."""
     run_dir = Path(run_dir)
     if not (run_dir / "summary.json").is_file():
-        raise GalleryError(f"{run_dir}: no summary.json, so not a gallery run folder (python -m helpers.gallery "
-                           "writes them under runs/)")
+        raise GalleryError(f"{run_dir}: no summary.json, so not a gallery run folder (python -m "
+                           "helpers.gallery writes them under runs/)")
     summary = json.loads((run_dir / "summary.json").read_text())
     for entry in summary.get("notebooks", []):
         complete_entry(run_dir, entry)

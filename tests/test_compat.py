@@ -51,7 +51,8 @@ def _private_uses(path: Path) -> list[str]:
             found += [f"{node.module}: {p}" for p in parts if p.startswith("_") and not p.startswith("__")]
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] in watched and any(p.startswith("_") for p in alias.name.split(".")):
+                parts = alias.name.split(".")
+                if parts[0] in watched and any(p.startswith("_") for p in parts):
                     found.append(alias.name)
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             base = node.value

@@ -32,7 +32,8 @@ def test_the_machine_facts_are_arguments():
     assert plan_threads(LaunchOptions(), plan, cpus=16) == 8
     assert plan_threads(LaunchOptions(), plan, cpus=1) == 1
     assert plan_threads(LaunchOptions(threads_per_process=3), plan, cpus=16) == 3
-    assert plan_threads(LaunchOptions(), plan_launch(LaunchOptions(), gpus=2)) is None, "GPU ranks keep their own"
+    gpu_plan = plan_launch(LaunchOptions(), gpus=2)
+    assert plan_threads(LaunchOptions(), gpu_plan) is None, "GPU ranks keep their own threads"
 
 
 def test_thread_override_from_the_environment(monkeypatch):
@@ -53,7 +54,7 @@ def test_backend_differences_are_explicit():
     with pytest.raises(LaunchError, match="the Ray cluster has 1 GPU"):
         plan_launch(LaunchOptions(processes=2, cluster="ray"), gpus=1, target=RAY)
     plan = plan_launch(LaunchOptions(device="cpu", cluster="ray"), target=RAY)
-    assert plan_threads(LaunchOptions(cluster="ray"), plan, target=RAY, cpus=16) is None, "Ray sets the threads"
+    assert plan_threads(LaunchOptions(cluster="ray"), plan, target=RAY, cpus=16) is None, "Ray sets them"
 
 
 @pytest.mark.parametrize("changes, fix", [
@@ -149,7 +150,8 @@ def test_rebuilt_exception_keeps_type_attributes_and_rank():
     assert str(exc).startswith("rank 1 of 2 raised CustomError: (7, 'detail')")
     assert any("raised on rank 1 of 2" in note for note in exc.__notes__)
     oserror = rebuild_exception(_failure(FileNotFoundError(errno.ENOENT, "no file", "/x")), 2)
-    assert isinstance(oserror, FileNotFoundError) and (oserror.errno, oserror.filename) == (errno.ENOENT, "/x")
+    assert isinstance(oserror, FileNotFoundError)
+    assert (oserror.errno, oserror.filename) == (errno.ENOENT, "/x")
     again = pickle.loads(pickle.dumps(exc))
     assert isinstance(again, CustomError) and again.code == 7 and again.rank == 1 and str(again) == str(exc)
 
@@ -198,8 +200,8 @@ def _imports(module: str) -> set[str]:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers.launch"):
-            names = [node.module.split(".")[2]] if node.module.count(".") >= 2 else [a.name for a in node.names]
-            found.update(names)
+            parts = node.module.split(".")
+            found.update([parts[2]] if len(parts) > 2 else [a.name for a in node.names])
     return found - {module}
 
 

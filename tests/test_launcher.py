@@ -206,7 +206,8 @@ def test_unserialisable_return_value_names_the_fix():
 
 @pytest.mark.parametrize(
     "processes, fix",
-    [(0, "at least 1"), (-2, "at least 1"), (1.5, "whole number"), ("2", "whole number"), (True, "whole number")],
+    [(0, "at least 1"), (-2, "at least 1"), (1.5, "whole number"), ("2", "whole number"),
+     (True, "whole number")],
 )
 def test_bad_process_counts_fail_before_any_process(processes, fix):
     # The argument cannot be sent: had the payload been built first, its error would have come instead.
@@ -308,7 +309,8 @@ def test_script_main_module_is_not_rerun_in_workers(tmp_path):
             f.write(str(os.getpid()) + "\\n")
         print(distributed(processes=2)(lambda: int(os.environ["RANK"])).distributed())
     """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("[0, 1]")
     assert len(marker.read_text().split()) == 1

@@ -23,7 +23,8 @@ def test_one_process_on_user_paths(run_notebook, tmp_path):
     shapes = build_coco_shapes(tmp_path / "coco")   # the default build, as if it were the user's export
     paths = dict(images_dir=str(shapes.train_images), annotations_json=str(shapes.train_annotations),
                  val_images_dir=str(shapes.val_images), val_annotations_json=str(shapes.val_annotations))
-    nb, metrics = run_notebook("02_ddp_retinanet", processes=1, checkpoint_dir=str(tmp_path / "ckpt"), **paths)
+    nb, metrics = run_notebook("02_ddp_retinanet", processes=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                               **paths)
     assert metrics["processes"] == 1
     assert metrics["map_50"] >= 0.5
     assert metrics["untrained_map_50"] < 0.1

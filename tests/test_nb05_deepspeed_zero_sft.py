@@ -3,7 +3,8 @@
 The stored notebook (ZeRO-3 on 2 processes) is executed by nbval; this file runs the other stage the
 issue asks for, ZeRO-2 on 2 processes, at the smallest size where the notebook's own checks (held-out
 accuracy bar, stage parity, sharding) still hold, and the bad-input case that must fail before any launch.
-A dataset file with a missing field is tested on the validation function itself (tests/test_data_sft_tasks.py).
+A dataset file with a missing field is tested on the validation function itself
+(tests/test_data_sft_tasks.py).
 """
 
 import pytest

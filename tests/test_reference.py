@@ -19,7 +19,8 @@ PARAMS = {"processes": 2, "device": "cpu", "lr": 0.1}
 
 
 def test_within_tolerance_passes_and_prints_only_reference_values(tmp_path):
-    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02}, loss={"value": [2.0, 1.0, 0.5], "abs": 0.1})
+    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02},
+                  loss={"value": [2.0, 1.0, 0.5], "abs": 0.1})
     a = compare("nb", PARAMS, {"accuracy": 0.958, "loss": [2.05, 0.95, 0.55]}, refs)
     b = compare("nb", PARAMS, {"accuracy": 0.981, "loss": [1.95, 1.0, 0.45]}, refs)
     assert a.compared and b.compared
@@ -77,7 +78,8 @@ def test_every_notebook_has_a_reference_it_checks():
     from helpers.paths import NOTEBOOKS_DIR
 
     for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
-        source = "\n".join(c.source for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code")
+        cells = nbformat.read(str(path), as_version=4).cells
+        source = "\n".join(c.source for c in cells if c.cell_type == "code")
         assert f'check_against_reference("{path.stem}"' in source, f"{path.name} does not check its reference"
         ref = load_reference(path.stem)
         assert ref["results"], f"{path.stem}'s reference has no results"

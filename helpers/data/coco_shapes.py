@@ -85,8 +85,8 @@ def _shape_mask(kind: str, cx: float, cy: float, r: float, angle: float, size: i
         s = r * 0.85
         draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=255)
     elif kind == "triangle":
-        pts = [(cx + r * math.cos(angle + k * 2 * math.pi / 3), cy + r * math.sin(angle + k * 2 * math.pi / 3))
-               for k in range(3)]
+        pts = [(cx + r * math.cos(angle + k * 2 * math.pi / 3),
+                cy + r * math.sin(angle + k * 2 * math.pi / 3)) for k in range(3)]
         draw.polygon(pts, fill=255)
     elif kind == "cross":
         t = r * 0.32
@@ -132,8 +132,8 @@ def _write_split(folder: Path, json_path: Path, split: str, n_images: int, image
             placed.append(box)
             annotations.append({
                 "id": len(annotations) + 1, "image_id": index + 1, "category_id": cat + 1,
-                "bbox": [left, top, right - left, bottom - top], "area": int(np.count_nonzero(np.asarray(mask))),
-                "iscrowd": 0,
+                "bbox": [left, top, right - left, bottom - top],
+                "area": int(np.count_nonzero(np.asarray(mask))), "iscrowd": 0,
             })
         name = f"{split}_{index:05d}.png"
         canvas.save(folder / name, format="PNG", optimize=False, compress_level=6)
@@ -173,7 +173,8 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
             "format_version": _FORMAT_VERSION}
     root = Path(root) if root is not None else cache_dir("coco_shapes", f"seed{seed}-{image_size}px")
     result = CocoShapes(
-        root=root, train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
+        root=root,
+        train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
         val_images=root / "val", val_annotations=root / "annotations" / "instances_val.json",
         categories={i + 1: name for i, (name, _) in enumerate(CATEGORIES)},
     )
@@ -216,7 +217,8 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
     try:
         coco = json.loads(annotations_json.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{annotations_json} is not valid JSON ({e}): export it again in COCO format.") from e
+        raise ValueError(
+            f"{annotations_json} is not valid JSON ({e}): export it again in COCO format.") from e
     missing_keys = [k for k in ("images", "annotations", "categories") if k not in coco]
     if missing_keys:
         raise ValueError(f"{annotations_json} has no {missing_keys} list(s): it is not a COCO instances file "
@@ -236,7 +238,8 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
         where = f"annotation id={ann.get('id')} (image_id={ann.get('image_id')})"
         image = images.get(ann.get("image_id"))
         if image is None:
-            raise ValueError(f"{where} in {annotations_json.name} refers to an image id the JSON does not list.")
+            raise ValueError(
+                f"{where} in {annotations_json.name} refers to an image id the JSON does not list.")
         if ann.get("category_id") not in categories:
             raise ValueError(f"{where} in {annotations_json.name} has category_id={ann.get('category_id')}, "
                              f"not one of the JSON's categories {sorted(categories)}.")

@@ -155,8 +155,8 @@ def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataF
     out["rating"] = rating.astype(np.float32)
     duplicated = out.duplicated(["userId", "movieId", "timestamp"])
     if duplicated.any():
-        raise MovieLensFormatError(f"{source} has {int(duplicated.sum())} duplicate (userId, movieId, timestamp) "
-                                   "rows: drop them first (ratings.drop_duplicates()).")
+        raise MovieLensFormatError(f"{source} has {int(duplicated.sum())} duplicate (userId, movieId, "
+                                   "timestamp) rows: drop them first (ratings.drop_duplicates()).")
     return out
 
 
@@ -186,13 +186,16 @@ def read_movielens(ratings_csv: str | Path, movies_csv: str | Path) -> tuple[pd.
     movies = validate_movies(pd.read_csv(movies_csv), str(movies_csv))
     unknown = ~ratings["movieId"].isin(movies["movieId"])
     if unknown.any():
+        examples = ratings.loc[unknown, "movieId"].head(3).tolist()
         raise MovieLensFormatError(f"{ratings_csv}: {int(unknown.sum())} ratings name movies absent from "
-                                   f"{movies_csv}, e.g. movieId {ratings.loc[unknown, 'movieId'].head(3).tolist()}.")
+                                   f"{movies_csv}, e.g. movieId {examples}.")
     return ratings, movies
 
 
-def split_by_time(ratings: pd.DataFrame, holdout: int = 3, min_train: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Hold out each user's `holdout` latest interactions (leave-future-out), keep the earlier ones for training.
+def split_by_time(ratings: pd.DataFrame, holdout: int = 3,
+                  min_train: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Hold out each user's `holdout` latest interactions (leave-future-out), keep the earlier ones for
+    training.
 
     Users with fewer than `holdout + min_train` interactions stay entirely in training (too little history
     to evaluate them fairly). Ties in time are broken by row order, so the split is deterministic.
@@ -241,13 +244,14 @@ def validate_for_mds(frame: pd.DataFrame, columns: dict[str, str]) -> None:
         values = frame[name]
         if kind in _NUMPY_FOR_ENCODING:
             if not (pd.api.types.is_integer_dtype(values) or pd.api.types.is_float_dtype(values)):
-                raise MovieLensFormatError(f"cannot write MDS: column {name!r} ({values.dtype}) is not numeric "
-                                           f"but its encoding is {encoding!r}.")
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} ({values.dtype}) is not "
+                                           f"numeric but its encoding is {encoding!r}.")
             if values.isna().any():
                 raise MovieLensFormatError(f"cannot write MDS: column {name!r} has missing values.")
             if kind.startswith(("int", "uint")) and not pd.api.types.is_integer_dtype(values):
-                raise MovieLensFormatError(f"cannot write MDS: column {name!r} holds {values.dtype} values but its "
-                                           f"encoding {encoding!r} is an integer type: convert it first.")
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} holds {values.dtype} values "
+                                           f"but its encoding {encoding!r} is an integer type: convert it "
+                                           "first.")
         elif kind == "ndarray":
             first = values.iloc[0] if len(values) else None
             if not isinstance(first, np.ndarray):
@@ -282,8 +286,8 @@ def write_mds(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str],
         ours = isinstance(manifest, dict) and "fingerprint" in manifest
         if not ours:
             raise FileExistsError(
-                f"{out} exists and was not written by write_mds (no {MANIFEST}): it may hold another data set. "
-                "Move or delete it yourself, or choose another output directory.")
+                f"{out} exists and was not written by write_mds (no {MANIFEST}): it may hold another data "
+                "set. Move or delete it yourself, or choose another output directory.")
         if existing == "reuse" and manifest["fingerprint"] == fingerprint and (out / "index.json").is_file():
             return _mds_info(out, reused=True, replaced=False)
         if existing == "error":

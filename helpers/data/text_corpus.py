@@ -49,7 +49,8 @@ class TextCorpus:
 def stdlib_sources() -> list[Path]:
     """The standard library's .py files (its test suites and installed packages left out), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(root).parts))]
+    files = [p for p in root.rglob("*.py")
+             if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(root).parts))]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -65,8 +66,9 @@ def _user_sources(text_path: str | Path) -> list[Path]:
             raise ValueError(f"text_path={str(text_path)!r} is an empty folder: put text files in it, "
                              "or pass the path of one text file.")
         return files
-    raise FileNotFoundError(f"text_path={str(text_path)!r} does not exist: pass a text file, a folder of text "
-                            "files, or None for the built-in corpus (the Python standard library's source).")
+    raise FileNotFoundError(f"text_path={str(text_path)!r} does not exist: pass a text file, a folder of "
+                            "text files, or None for the built-in corpus (the Python standard library's "
+                            "source).")
 
 
 def _fingerprint(files: list[Path]) -> list[list[Any]]:
@@ -92,8 +94,8 @@ def build_text_corpus(text_path: str | Path | None = None, *, seed: int = 0, max
             "seed": seed, "max_bytes": max_bytes, "val_fraction": val_fraction, "files": _fingerprint(files)}
     total = min(max_bytes, sum(size for _, size, _ in args["files"]))
     if total < MIN_BYTES:
-        raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are needed "
-                         "for a train/validation split. Point text_path at more text.")
+        raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are "
+                         "needed for a train/validation split. Point text_path at more text.")
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(root) if root is not None else cache_dir("text_corpus", key)
     train_path, val_path = out / "train.bin", out / "val.bin"

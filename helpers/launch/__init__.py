@@ -52,10 +52,6 @@ class DistributedFunction(Generic[P, R]):
         self._options = options
         functools.update_wrapper(self, fn)
 
-    @property
-    def launch_options(self) -> LaunchOptions:
-        return self._options
-
     def options(self, **changes: Any) -> DistributedFunction[P, R]:
         """A copy with other launch options, e.g. `train.options(processes=4).distributed(cfg)`."""
         check_option_names(changes)

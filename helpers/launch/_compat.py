@@ -37,7 +37,8 @@ class PrivateAPI:
     module: str
     name: str  # attribute path inside the module, or (kind "text") a name the module's source must mention
     checked: str  # the library version this use was checked against
-    kind: str = "attr"  # "attr": module.name must exist; "text": the module reads `name` (an env var, a keyword)
+    # "attr": module.name must exist; "text": the module reads `name` (an environment variable, a keyword)
+    kind: str = "attr"
 
     def describe(self) -> str:
         return f"{self.module}.{self.name}" if self.kind == "attr" else f"{self.name!r} read by {self.module}"
@@ -68,20 +69,23 @@ def resolve(api: PrivateAPI) -> Any:
         return value
     except Exception as e:
         raise CompatError(
-            f"{api.library} {_installed(api.library)}: {api.describe()} moved or changed ({type(e).__name__}: "
-            f"{e}); it was checked against {api.library} {api.checked}. Update its entry in "
-            "helpers/launch/_compat.py (the comment above it says what it is used for) for this version."
+            f"{api.library} {_installed(api.library)}: {api.describe()} moved or changed "
+            f"({type(e).__name__}: {e}); it was checked against {api.library} {api.checked}. Update its "
+            "entry in helpers/launch/_compat.py (the comment above it says what it is used for) for this "
+            "version."
         ) from e
 
 
 # ---------------------------------------------------------------------------------------------- torch
 
+_RENDEZVOUS = "torch.distributed.rendezvous"
 # Prefix a restarted group's store keys by attempt (max_restarts), so it never reads the dead group's.
-RENDEZVOUS_HANDLERS = PrivateAPI("torch", "torch.distributed.rendezvous", "_rendezvous_handlers", TORCH)
+RENDEZVOUS_HANDLERS = PrivateAPI("torch", _RENDEZVOUS, "_rendezvous_handlers", TORCH)
 # Tell whether the ranks share the elastic agent's store across restarts.
-AGENT_STORE_IN_USE = PrivateAPI("torch", "torch.distributed.rendezvous", "_torchelastic_use_agent_store", TORCH)
+AGENT_STORE_IN_USE = PrivateAPI("torch", _RENDEZVOUS, "_torchelastic_use_agent_store", TORCH)
 # Recognise the kernel's interrupt (SIGINT) inside torch elastic's agent and raise KeyboardInterrupt.
-SIGNAL_EXCEPTION = PrivateAPI("torch", "torch.distributed.elastic.multiprocessing.api", "SignalException", TORCH)
+SIGNAL_EXCEPTION = PrivateAPI("torch", "torch.distributed.elastic.multiprocessing.api", "SignalException",
+                              TORCH)
 
 
 def prefix_store_keys_by_attempt(attempt: int) -> None:
@@ -157,7 +161,8 @@ _SWITCH_READERS = {"train": "ray.train.v2._internal.constants", "core": "ray._pr
 RAY_QUIET_SWITCHES = tuple(PrivateAPI("ray", _SWITCH_READERS[reader], name, RAY, kind="text")
                            for name, (_, reader, _) in _RAY_SWITCHES.items())
 # Documented Ray and Tune settings, set for the same reason.
-_RAY_PUBLIC_SWITCHES = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+_RAY_PUBLIC_SWITCHES = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                        "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
 RAY_QUIET_ENV = {name: value for name, (value, _, _) in _RAY_SWITCHES.items()} | _RAY_PUBLIC_SWITCHES
 
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (

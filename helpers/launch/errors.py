@@ -75,7 +75,7 @@ class RankFailure:
             pickled = None
         return cls(
             rank=rank, attempt=attempt, time=time.time(), type_name=type(exc).__qualname__,
-            message=str(exc), traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            message=str(exc), traceback="".join(traceback.format_exception(exc)),
             exception=pickled, host=socket.gethostname(), pid=os.getpid(),
         )
 

@@ -78,7 +78,8 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
         _atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
     except BaseException as exc:
         try:
-            _atomic_write(failure_path(run_dir, rank, attempt), RankFailure.capture(exc, rank, attempt).to_bytes())
+            record = RankFailure.capture(exc, rank, attempt)
+            _atomic_write(failure_path(run_dir, rank, attempt), record.to_bytes())
         except Exception:  # a full disk must not hide the rank's own exception
             pass
         raise

@@ -25,8 +25,8 @@ from helpers.context import BACKEND_ENV
 from helpers.launch.options import LaunchError
 from helpers.progress import ENV_DIR, ENV_SWITCH
 
-_PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open files, "
-               "locks, sockets, process groups or CUDA objects inside the function.")
+_PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open "
+               "files, locks, sockets, process groups or CUDA objects inside the function.")
 
 
 def serialise_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bytes:
@@ -71,7 +71,8 @@ class Payload:
     @classmethod
     def capture(cls, call: bytes, *, backend: str, device: str, threads: int | None,
                 progress: bool) -> Payload:
-        """The payload for this launch, with the caller's environment, import path and folder as they are now."""
+        """The payload for this launch, with the caller's environment, import path and folder as they are
+        now."""
         return cls(call=call, backend=backend, device=device, threads=threads, progress=progress,
                    env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd())
 
@@ -85,8 +86,8 @@ class Payload:
             raise TypeError(f"not a launch payload: {type(payload).__name__}")
         return payload
 
-    def apply(self, *, same_machine: bool, worker_keys: Collection[str], worker_prefixes: tuple[str, ...] = (),
-              progress_dir: str | Path | None = None) -> None:
+    def apply(self, *, same_machine: bool, worker_keys: Collection[str],
+              worker_prefixes: tuple[str, ...] = (), progress_dir: str | Path | None = None) -> None:
         """Make this rank see what the caller sees, then set the rank up as the launch decided.
 
         `worker_keys` / `worker_prefixes` name the variables the backend sets per rank (RANK, MASTER_PORT...):

@@ -338,7 +338,8 @@ def _rank_exit(error: BaseException) -> RankExit:
     """What Ray Train says of the first worker that failed (`WorkerGroupError.worker_failures`)."""
     failures = getattr(error, "worker_failures", None) or {}
     rank = min(failures) if failures else None
-    detail = f"{type(failures[rank]).__name__}: {failures[rank]}" if failures else f"{type(error).__name__}: {error}"
+    cause = failures[rank] if failures else error
+    detail = f"{type(cause).__name__}: {cause}"
     first = detail.strip().splitlines()[0] if detail.strip() else detail
     return RankExit(rank=rank, detail=first)
 
@@ -425,6 +426,6 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
                               logs="Ray's logs are in the session folder") from None
         missing = [r for r in range(plan.processes) if r not in results]
         if missing:
-            raise RankFailedError(f"rank {missing[0]} finished without storing a return value", rank=missing[0],
-                                  world_size=plan.processes)
+            raise RankFailedError(f"rank {missing[0]} finished without storing a return value",
+                                  rank=missing[0], world_size=plan.processes)
         return [cloudpickle.loads(results[r]) for r in range(plan.processes)]
