@@ -31,8 +31,12 @@ WIDTH = 512
 BATCH = 64
 
 
-def train(steps: int, warmup: int, log_every: int) -> float:
-    """The DDP loop every launcher runs; rank 0 returns its steps per second over the timed steps."""
+def train(steps: int, warmup: int, log_every: int) -> dict[str, float]:
+    """The DDP loop every launcher runs; returns this rank's steps per second over the timed steps.
+
+    Two figures: from the total time (what a run takes), and from the median step (robust to a burst of
+    other work on a shared machine: every step waits for the slower rank, so a burst slows a few steps).
+    """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -49,42 +53,49 @@ def train(steps: int, warmup: int, log_every: int) -> float:
     generator = torch.Generator().manual_seed(ctx.rank)
     x = torch.randn(BATCH, WIDTH, generator=generator)
     y = torch.randint(0, 10, (BATCH,), generator=generator)
-    start = 0.0
+    ends: list[float] = []
     for step in progress_bar(range(warmup + steps), desc="steps", unit="step"):
         if step == warmup:
             dist.barrier()
-            start = time.perf_counter()
+            ends.append(time.perf_counter())
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         if step % log_every == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if step >= warmup:
+            ends.append(time.perf_counter())
     dist.barrier()
-    rate = steps / (time.perf_counter() - start)
     dist.destroy_process_group()
-    return rate
+    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return {"total": steps / (ends[-1] - ends[0]), "median": 1 / statistics.median(durations)}
 
 
-def run_helpers(args: argparse.Namespace, cluster: str | None) -> float:
+def run_helpers(args: argparse.Namespace, cluster: str | None) -> dict[str, float]:
     from helpers import distributed
 
     fn = distributed(processes=PROCESSES, device="cpu", cluster=cluster, progress=True)(train)
     return fn.distributed(args.steps, args.warmup, args.log_every)[0]
 
 
-def run_torchrun(args: argparse.Namespace, out: Path) -> float:
+# torchrun runs as from the shell this script was started in: helpers.distributed sets OMP_WAIT_POLICY in
+# its own process (for its forkserver), which a later torchrun must not inherit.
+SHELL_ENV = dict(os.environ)
+
+
+def run_torchrun(args: argparse.Namespace, out: Path) -> dict[str, float]:
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--standalone", f"--nproc-per-node={PROCESSES}", __file__, "--worker",
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--log-every", str(args.log_every),
                "--out", str(out)]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    subprocess.run(command, check=True, capture_output=True, timeout=600, env=SHELL_ENV)
     return json.loads(out.read_text())
 
 
 def worker(args: argparse.Namespace) -> None:
     """A torchrun rank: run the loop, rank 0 writes its rate."""
-    rate = train(args.steps, args.warmup, args.log_every)
+    rate = train(args.steps, args.warmup, args.log_every)  # a dict of two rates
     if os.environ.get("RANK") == "0":
         Path(args.out).write_text(json.dumps(rate))
 
@@ -108,7 +119,7 @@ def main() -> None:
 
     from helpers.launch import ray_session
 
-    rates: dict[str, list[float]] = {"torchrun": [], "helpers.distributed": []}
+    rates: dict[str, list[dict[str, float]]] = {"torchrun": [], "helpers.distributed": []}
     if not args.no_ray:
         rates['helpers.distributed(cluster="ray")'] = []
     with tempfile.TemporaryDirectory() as tmp, \
@@ -118,18 +129,24 @@ def main() -> None:
             rates["helpers.distributed"].append(run_helpers(args, None))
             if not args.no_ray:
                 rates['helpers.distributed(cluster="ray")'].append(run_helpers(args, "ray"))
-            print(f"round {i + 1}/{args.rounds}: "
-                  + ", ".join(f"{name} {values[-1]:.1f}" for name, values in rates.items()), file=sys.stderr)
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\nDDP training loop, {PROCESSES} CPU processes (gloo), {args.steps} timed steps, "
-          f"median of {args.rounds} rounds\n")
-    print(f"| {'launcher':<34} | {'steps/s':>8} | {'/ torchrun':>10} |")
-    print(f"|{'-' * 36}|{'-' * 10}|{'-' * 12}|")
-    for name, rate in medians.items():
-        print(f"| {name:<34} | {rate:>8.1f} | {rate / medians['torchrun']:>10.3f} |")
-    local = medians["helpers.distributed"] / medians["torchrun"]
-    print(f"\nhelpers.distributed / torchrun: {local:.3f} (target >= 0.97)")
-
+            print(f"round {i + 1}/{args.rounds} (median-step steps/s): "
+                  + ", ".join(f"{name} {runs[-1]['median']:.1f}" for name, runs in rates.items()),
+                  file=sys.stderr)
+    median = {name: {kind: statistics.median(r[kind] for r in runs) for kind in ("median", "total")}
+              for name, runs in rates.items()}
+    base = median["torchrun"]
+    print(f"\nDDP training loop, {PROCESSES} CPU processes (gloo), {args.steps} timed steps, median of "
+          f"{args.rounds} rounds; torchrun's OMP_WAIT_POLICY: {SHELL_ENV.get('OMP_WAIT_POLICY', 'unset')}\n")
+    print(f"| {'launcher':<34} | {'steps/s (median step)':>21} | {'/ torchrun':>10} | "
+          f"{'steps/s (total time)':>20} | {'/ torchrun':>10} |")
+    print(f"|{'-' * 36}|{'-' * 23}|{'-' * 12}|{'-' * 22}|{'-' * 12}|")
+    for name, m in median.items():
+        print(f"| {name:<34} | {m['median']:>21.1f} | {m['median'] / base['median']:>10.3f} | "
+              f"{m['total']:>20.1f} | {m['total'] / base['total']:>10.3f} |")
+    for name, m in median.items():
+        if name != "torchrun":
+            print(f"{name} / torchrun: {m['median'] / base['median']:.3f} (median step; target for the "
+                  f"local launcher >= 0.97)")
 
 if __name__ == "__main__":
     main()
