@@ -80,12 +80,19 @@ def test_the_culprit_is_named():
         payload.serialise_call(lambda: lock, (), {})
 
 
+@pytest.fixture
+def environ_restored():
+    """Payload.apply changes this process's environment as a rank's: every variable is put back after."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> None:
-    for key in ("GALLERY_PAYLOAD_NEW", "GALLERY_PAYLOAD_OLD", "RANK", "MPLBACKEND", "HELPERS_DIST_BACKEND",
-                "HELPERS_PROGRESS", "HELPERS_PROGRESS_DIR"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("GALLERY_PAYLOAD_OLD", "the worker's")
-    monkeypatch.setenv("RANK", "1")
+    for key in ("GALLERY_PAYLOAD_NEW", "HELPERS_PROGRESS", "HELPERS_PROGRESS_DIR"):
+        os.environ.pop(key, None)
+    os.environ.update(GALLERY_PAYLOAD_OLD="the worker's", RANK="1")
     monkeypatch.setattr(sys, "path", ["", "/worker/site-packages"])
     monkeypatch.chdir(tmp_path)
     p = payload.Payload(call=payload.serialise_call(len, ("abc",), {}), backend="gloo", device="cpu",
@@ -100,14 +107,14 @@ def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> No
     assert os.environ["HELPERS_PROGRESS"] == "off", "nobody draws the bars: off in the rank"
 
 
-def test_same_machine_the_callers_values_win(monkeypatch, tmp_path):
+def test_same_machine_the_callers_values_win(monkeypatch, tmp_path, environ_restored):
     env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
     _apply(monkeypatch, tmp_path, True, env)
     assert os.environ["GALLERY_PAYLOAD_OLD"] == "the driver's"
     assert sys.path == ["", "/driver/notebooks"]
 
 
-def test_another_machine_keeps_its_own_values(monkeypatch, tmp_path):
+def test_another_machine_keeps_its_own_values(monkeypatch, tmp_path, environ_restored):
     env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
     _apply(monkeypatch, tmp_path, False, env)
     assert os.environ["GALLERY_PAYLOAD_OLD"] == "the worker's" and os.environ["GALLERY_PAYLOAD_NEW"] == "set"
