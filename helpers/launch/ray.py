@@ -298,19 +298,25 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def _uses_folder(proc: Path, folder: str) -> bool:
+    """Whether the process has `folder` on its command line or holds a file in it open."""
+    try:
+        if folder in (proc / "cmdline").read_bytes().decode(errors="replace"):
+            return True
+        return any(os.readlink(fd).startswith(folder) for fd in (proc / "fd").iterdir())
+    except OSError:  # gone meanwhile, or not ours to look at
+        return False
+
+
 def _ray_processes(temp_dir: str) -> list[int]:
-    """Pids of processes started for the instance whose temporary folder is `temp_dir`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if temp_dir in cmdline and int(entry.name) != os.getpid():
-            pids.append(int(entry.name))
-    return pids
+    """Pids of processes started for the instance whose temporary folder is `temp_dir`.
+
+    Ray's own daemons name the folder on their command line; its workers rename themselves
+    ("ray::TrainController") but write their output to log files in the folder. A worker that outlives
+    its raylet is found that way too.
+    """
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and int(entry.name) != os.getpid() and _uses_folder(entry, temp_dir)]
 
 
 def _wait_for_ray_processes(temp_dir: str, timeout: float = 10.0) -> None:
