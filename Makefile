@@ -55,6 +55,7 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_latency.py
 	$(BIN)/python benchmarks/progress_overhead.py
+	$(BIN)/python benchmarks/launcher_throughput.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools

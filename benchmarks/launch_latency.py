@@ -109,14 +109,15 @@ def measure_torchrun(runs: int, tmp: Path) -> list[float]:
     for i in range(runs):
         stamp = tmp / f"tr{i}"
         t0 = time.time()
-        subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={PROCESSES}", str(script), str(stamp)],
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={PROCESSES}", str(script),
+                        str(stamp)], check=True, capture_output=True, timeout=300)
         out.append(max(float(Path(f"{stamp}.{r}").read_text()) for r in range(PROCESSES)) - t0)
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     rows = []
@@ -126,7 +127,8 @@ def main() -> None:
         rows.append(("helpers.distributed", statistics.median(h_cold), statistics.median(h_warm)))
         try:
             a_cold, a_warm = measure_accelerate(args.runs, tmp)
-            rows.append(("accelerate.notebook_launcher", statistics.median(a_cold), statistics.median(a_warm)))
+            rows.append(("accelerate.notebook_launcher", statistics.median(a_cold),
+                         statistics.median(a_warm)))
         except Exception as e:  # keep the other figures if accelerate refuses this machine
             print(f"accelerate.notebook_launcher could not be measured: {str(e)[-500:]}", file=sys.stderr)
         t = statistics.median(measure_torchrun(args.runs, tmp))

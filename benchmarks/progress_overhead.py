@@ -57,7 +57,8 @@ def plain_tqdm(steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200_000)
     steps = parser.parse_args().steps
     rows = [("empty loop", empty), ("progress_bar on rank 1 (not drawn)", other_rank),

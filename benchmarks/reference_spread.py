@@ -14,7 +14,7 @@ values, each with a tolerance taken from the deviations measured (see `tolerance
 point), and the measurement itself (every run's values, the machine, the command, the rule) next to them.
 
     python benchmarks/reference_spread.py 01_ddp_mlp [02 ...] [--variants native,isa,threads4,seed1,seed2]
-                                          [--arith-factor 4] [--seed-factor 1] [--write] [--keep DIR [--reuse]]
+        [--arith-factor 4] [--seed-factor 1] [--write] [--keep DIR [--reuse]]
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ from helpers.execute import execute_notebook  # noqa: E402
 from helpers.gallery import discover  # noqa: E402
 from helpers.reference import REFERENCES_DIR, measured_values  # noqa: E402
 
-ISA_BASELINE = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+ISA_BASELINE = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+}
 ENVIRONMENTS = {
     "native": {},
     "isa": ISA_BASELINE,
@@ -69,17 +73,24 @@ def machine() -> str:
         pass
     from helpers.cpus import usable_cpus
 
-    return (f"{cpu}, {usable_cpus()} CPUs, native ATen capability {torch.backends.cpu.get_cpu_capability()}, "
-            f"torch {torch.__version__}")
+    return (
+        f"{cpu}, {usable_cpus()} CPUs, native ATen capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"torch {torch.__version__}"
+    )
 
 
 def run_variant(notebook: Path, variant: str, out_dir: Path, reuse: bool = False) -> dict[str, Any]:
     env, params = variant_setup(variant)
     out = out_dir / f"{notebook.stem}-{variant}.ipynb"
-    if reuse and out.exists() and measured_values(out):   # an earlier run of this variant, kept with --keep
+    if reuse and out.exists() and measured_values(out):  # an earlier run of this variant, kept with --keep
         measured = measured_values(out)
-        return {"variant": variant, "seconds": None, "error": None, "measured": measured["measured"],
-                "params": measured["params"]}
+        return {
+            "variant": variant,
+            "seconds": None,
+            "error": None,
+            "measured": measured["measured"],
+            "params": measured["params"],
+        }
     start = time.perf_counter()
     error = None
     with temporary_environ({**env, "GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}):
@@ -88,8 +99,13 @@ def run_variant(notebook: Path, variant: str, out_dir: Path, reuse: bool = False
         except Exception as e:  # a failing bar is a finding too: report it, keep measuring the others
             error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
     measured = measured_values(out) if out.exists() else None
-    return {"variant": variant, "seconds": round(time.perf_counter() - start, 1), "error": error,
-            "measured": (measured or {}).get("measured"), "params": (measured or {}).get("params")}
+    return {
+        "variant": variant,
+        "seconds": round(time.perf_counter() - start, 1),
+        "error": error,
+        "measured": (measured or {}).get("measured"),
+        "params": (measured or {}).get("params"),
+    }
 
 
 def deviations(value: Any, ref: Any) -> list[float]:
@@ -106,17 +122,20 @@ def round_up(x: float, digits: int = 2) -> float:
     if x <= 0 or not math.isfinite(x):
         return x
     exponent = math.floor(math.log10(x)) - digits + 1
-    return math.ceil(x / 10 ** exponent) * 10 ** exponent
+    return math.ceil(x / 10**exponent) * 10**exponent
 
 
-def tolerances(runs: list[dict[str, Any]], arith_factor: float, seed_factor: float) -> dict[str, dict[str, Any]]:
+def tolerances(
+    runs: list[dict[str, Any]], arith_factor: float, seed_factor: float
+) -> dict[str, dict[str, Any]]:
     """Per result (per point of a curve): the larger of two measured spreads, with a floor.
 
     Arithmetic variants (another instruction set, another thread count) change only the rounding, as another
     machine does; on one machine they move results less than another machine's kernels do (notebook 02's
     mAP@0.5 moved by 0.037 between two machines), hence `arith_factor` (4) times their largest deviation. Seed
-    variants also change the data, the initial weights and the order: an upper bound of what noise can do, taken
-    once (`seed_factor` 1). The floor, 1% of the value plus 0.1% of the curve's largest value, keeps a tolerance
+    variants also change the data, the initial weights and the order: an upper bound of what noise can do,
+    taken once (`seed_factor` 1). The floor, 1% of the value plus 0.1% of the curve's largest value, keeps a
+    tolerance
     from being zero where every run agreed to the last digit.
     """
     native = next(r for r in runs if r["variant"] == "native")
@@ -124,38 +143,65 @@ def tolerances(runs: list[dict[str, Any]], arith_factor: float, seed_factor: flo
     for name, ref in native["measured"].items():
         points = ref if isinstance(ref, list) else [ref]
         scale = max((abs(v) for v in points), default=0.0)
-        per_run = {r["variant"]: deviations(r["measured"][name], ref) for r in runs
-                   if r["variant"] != "native" and r["measured"] and name in r["measured"]}
+        per_run = {
+            r["variant"]: deviations(r["measured"][name], ref)
+            for r in runs
+            if r["variant"] != "native" and r["measured"] and name in r["measured"]
+        }
 
         seeds = [d for v, d in per_run.items() if v.startswith("seed")]
         arith = [d for v, d in per_run.items() if not v.startswith("seed")]
-        tol = [round_up(max(arith_factor * max((d[i] for d in arith), default=0.0),
-                            seed_factor * max((d[i] for d in seeds), default=0.0),
-                            0.01 * abs(v) + 0.001 * scale, 1e-9)) for i, v in enumerate(points)]
-        results[name] = {"value": ref, "abs": tol if isinstance(ref, list) else tol[0],
-                         "largest_deviation": max((max(d, default=0.0) for d in per_run.values()), default=0.0),
-                         "deviations": {k: round(max(v, default=0.0), 6) for k, v in per_run.items()}}
+        tol = [
+            round_up(
+                max(
+                    arith_factor * max((d[i] for d in arith), default=0.0),
+                    seed_factor * max((d[i] for d in seeds), default=0.0),
+                    0.01 * abs(v) + 0.001 * scale,
+                    1e-9,
+                )
+            )
+            for i, v in enumerate(points)
+        ]
+        results[name] = {
+            "value": ref,
+            "abs": tol if isinstance(ref, list) else tol[0],
+            "largest_deviation": max((max(d, default=0.0) for d in per_run.values()), default=0.0),
+            "deviations": {k: round(max(v, default=0.0), 6) for k, v in per_run.items()},
+        }
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("notebooks", nargs="+", help="notebook names or numbers (01, 02_ddp_retinanet, ...)")
     parser.add_argument("--variants", default="native,isa,threads4,seed1,seed2")
-    parser.add_argument("--arith-factor", type=float, default=4.0,
-                        help="tolerance >= this x the largest deviation of an instruction-set or thread variant")
-    parser.add_argument("--seed-factor", type=float, default=1.0,
-                        help="tolerance >= this x the largest deviation of a seed variant")
+    parser.add_argument(
+        "--arith-factor",
+        type=float,
+        default=4.0,
+        help="tolerance >= this x the largest deviation of an instruction-set or thread variant",
+    )
+    parser.add_argument(
+        "--seed-factor",
+        type=float,
+        default=1.0,
+        help="tolerance >= this x the largest deviation of a seed variant",
+    )
     parser.add_argument("--write", action="store_true", help="write notebooks/references/<notebook>.json")
     parser.add_argument("--keep", help="keep the executed notebooks in this folder")
-    parser.add_argument("--reuse", action="store_true",
-                        help="with --keep: read a variant's results from a notebook executed there earlier")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --keep: read a variant's results from a notebook executed there earlier",
+    )
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if "native" not in variants:
         raise SystemExit("--variants must include 'native': it is the reference run")
     for v in variants:
-        variant_setup(v)   # unknown names fail here, before anything runs
+        variant_setup(v)  # unknown names fail here, before anything runs
     notebooks = discover(args.notebooks)
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reference-spread-"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,11 +214,17 @@ def main(argv: list[str] | None = None) -> int:
             run = run_variant(notebook, variant, out_dir, reuse=args.reuse)
             runs.append(run)
             took = "reused" if run["seconds"] is None else f"{run['seconds']:>6.1f} s"
-            print(f"{notebook.stem} {variant:>9}: {took} {'FAILED ' + run['error'] if run['error'] else ''}",
-                  flush=True)
-        native = runs[0] if runs[0]["variant"] == "native" else next(r for r in runs if r["variant"] == "native")
+            print(
+                f"{notebook.stem} {variant:>9}: {took} {'FAILED ' + run['error'] if run['error'] else ''}",
+                flush=True,
+            )
+        native = (
+            runs[0] if runs[0]["variant"] == "native" else next(r for r in runs if r["variant"] == "native")
+        )
         if not native["measured"]:
-            print(f"{notebook.stem}: the native run recorded no results ({native['error']}); nothing to write")
+            print(
+                f"{notebook.stem}: the native run recorded no results ({native['error']}); nothing to write"
+            )
             status = 1
             continue
         results = tolerances(runs, args.arith_factor, args.seed_factor)
@@ -193,16 +245,22 @@ def main(argv: list[str] | None = None) -> int:
                 "measured": {
                     "machine": host,
                     "date": dt.date.today().isoformat(),
-                    "command": f"python benchmarks/reference_spread.py {notebook.stem} --variants {','.join(variants)} "
-                               f"--arith-factor {args.arith_factor:g} --seed-factor {args.seed_factor:g} --write",
-                    "rule": f"abs tolerance (for curves, point by point) = the largest of {args.arith_factor:g} x the "
-                            "largest deviation from the native run of an instruction-set or thread variant, "
-                            f"{args.seed_factor:g} x that of a seed variant, and 1% of the value plus 0.1% of the "
-                            "curve's largest value; rounded up to 2 significant digits",
-                    "variants": {v: {"environment": variant_setup(v)[0], "parameters": variant_setup(v)[1]}
-                                 for v in variants},
-                    "runs": {r["variant"]: {"seconds": r["seconds"], "error": r["error"], "results": r["measured"]}
-                             for r in runs},
+                    "command": f"python benchmarks/reference_spread.py {notebook.stem} "
+                    f"--variants {','.join(variants)} --arith-factor {args.arith_factor:g} "
+                    f"--seed-factor {args.seed_factor:g} --write",
+                    "rule": "abs tolerance (for curves, point by point) = the largest of "
+                    f"{args.arith_factor:g} x the "
+                    "largest deviation from the native run of an instruction-set or thread variant, "
+                    f"{args.seed_factor:g} x that of a seed variant, and 1% of the value plus 0.1% of the "
+                    "curve's largest value; rounded up to 2 significant digits",
+                    "variants": {
+                        v: {"environment": variant_setup(v)[0], "parameters": variant_setup(v)[1]}
+                        for v in variants
+                    },
+                    "runs": {
+                        r["variant"]: {"seconds": r["seconds"], "error": r["error"], "results": r["measured"]}
+                        for r in runs
+                    },
                     "largest_deviation": {k: v["largest_deviation"] for k, v in results.items()},
                 },
             }

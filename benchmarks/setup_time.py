@@ -27,23 +27,46 @@ def build(installer: str, where: Path) -> tuple[float, dict[str, str]]:
     env = dict(os.environ, UV_CACHE_DIR=str(where / "uv-cache"), PIP_NO_CACHE_DIR="1")
     env.pop("VIRTUAL_ENV", None)
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_venv.py"), "--venv", str(venv), "--installer",
-                    installer, "--lock", str(ROOT / "requirements.lock"), "--editable", str(ROOT)],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "build_venv.py"),
+            "--venv",
+            str(venv),
+            "--installer",
+            installer,
+            "--lock",
+            str(ROOT / "requirements.lock"),
+            "--editable",
+            str(ROOT),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     seconds = time.perf_counter() - start
-    listing = subprocess.run([str(venv / "bin" / "python"), "-c",
-                              "import importlib.metadata as m; "
-                              "print('\\n'.join(sorted(f'{d.metadata[\"Name\"].lower().replace(\"_\", \"-\")}=="
-                              "{d.version}' for d in m.distributions())))"],
-                             check=True, capture_output=True, text=True).stdout.split()
+    listing = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m; "
+            'print(\'\\n\'.join(sorted(f\'{d.metadata["Name"].lower().replace("_", "-")}=='
+            "{d.version}' for d in m.distributions())))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     packages = dict(line.split("==", 1) for line in listing)
-    for tool in ("pip", "setuptools", "uv", "wheel"):   # the installers themselves differ, by design
+    for tool in ("pip", "setuptools", "uv", "wheel"):  # the installers themselves differ, by design
         packages.pop(tool, None)
     return seconds, packages
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", choices=("uv", "pip"))
     parser.add_argument("--keep", help="build the environments in this folder and keep them")
     args = parser.parse_args(argv)
@@ -51,15 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     where.mkdir(parents=True, exist_ok=True)
     results = {}
     try:
-        for installer in ([args.only] if args.only else ["uv", "pip"]):
+        for installer in [args.only] if args.only else ["uv", "pip"]:
             seconds, packages = build(installer, where)
             results[installer] = (seconds, packages)
             print(f"{installer:>4}: {seconds:6.1f} s, {len(packages)} packages", flush=True)
         if len(results) == 2:
             (uv_s, uv_p), (pip_s, pip_p) = results["uv"], results["pip"]
             differ = sorted(k for k in set(uv_p) | set(pip_p) if uv_p.get(k) != pip_p.get(k))
-            print(f"pip / uv: {pip_s / uv_s:.1f}x; same packages and versions: {not differ}"
-                  + (f" (differ: {differ[:10]})" if differ else ""))
+            print(
+                f"pip / uv: {pip_s / uv_s:.1f}x; same packages and versions: {not differ}"
+                + (f" (differ: {differ[:10]})" if differ else "")
+            )
     finally:
         if not args.keep:
             shutil.rmtree(where, ignore_errors=True)

@@ -1,14 +1,20 @@
-"""distributed-gallery helpers: the notebook launcher, offline data sets, and the gallery runner."""
+"""distributed-gallery helpers: the notebook launcher, offline data sets, and the gallery runner.
+
+`helpers.launch` is the launcher's package; its `launch(fn, args, kwargs, options)` function is
+`helpers.launch.launch`.
+"""
 
 from helpers.context import WorkerContext, worker_context
-from helpers.launcher import (
+from helpers.launch import (
     DistributedFunction,
     LaunchError,
     LaunchOptions,
     LaunchPlan,
+    RankError,
     RankFailedError,
     distributed,
-    launch,
+    plan_launch,
+    ray_session,
 )
 from helpers.metrics import record_metrics
 from helpers.progress import progress_bar
@@ -19,12 +25,14 @@ __all__ = [
     "LaunchError",
     "LaunchOptions",
     "LaunchPlan",
+    "RankError",
     "RankFailedError",
     "WorkerContext",
     "check_against_reference",
     "distributed",
-    "launch",
+    "plan_launch",
     "progress_bar",
+    "ray_session",
     "record_metrics",
     "worker_context",
 ]

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+# Set by the launchers in every rank (and for an in-process call): the torch backend the launch chose.
+BACKEND_ENV = "HELPERS_DIST_BACKEND"
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -29,7 +32,7 @@ def worker_context() -> WorkerContext:
     import torch
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = os.environ.get("HELPERS_DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
     return WorkerContext(
         rank=int(os.environ.get("RANK", "0")),

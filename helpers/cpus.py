@@ -96,8 +96,8 @@ def usable_cpus(root: Path | None = None, proc_self_cgroup: Path = Path("/proc/s
     return max(1, count)
 
 
-def threads_per_rank(processes: int, root: Path | None = None) -> int:
-    """Intra-op threads for each of `processes` CPU ranks: the usable CPUs shared out, at least 1.
+def threads_per_rank(processes: int, root: Path | None = None, cpus: int | None = None) -> int:
+    """Intra-op threads for each of `processes` CPU ranks: the usable CPUs (or `cpus`) shared out, at least 1.
 
     `HELPERS_THREADS_PER_PROCESS` sets it for every launch (e.g. to test another thread count without
     changing a notebook); a launch's own `threads_per_process` option still wins over both.
@@ -111,4 +111,4 @@ def threads_per_rank(processes: int, root: Path | None = None) -> int:
         if value < 1:
             raise ValueError(f"HELPERS_THREADS_PER_PROCESS={forced!r}: set a whole number >= 1, or unset it.")
         return value
-    return max(1, usable_cpus(root) // max(1, processes))
+    return max(1, (usable_cpus(root) if cpus is None else cpus) // max(1, processes))

@@ -23,7 +23,8 @@ def notebook_parameters(path: str | Path) -> dict[str, Any]:
     nb = nbformat.read(str(path), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
     if not cells:
-        raise ValueError(f"{path} has no code cell tagged 'parameters': tag one so papermill can inject values.")
+        raise ValueError(
+            f"{path} has no code cell tagged 'parameters': tag one so papermill can inject values.")
     values: dict[str, Any] = {}
     for node in ast.parse(cells[0].source).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -64,7 +65,8 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: dict[str, Any
 
 
 def record_metadata(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
-    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure, tracking)."""
+    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure,
+    tracking)."""
     if not isinstance(nb, nbformat.NotebookNode):
         nb = nbformat.read(str(nb), as_version=4)
     meta: dict[str, Any] = {}

@@ -9,7 +9,8 @@
 A parameter given as NAME=VALUE goes to every selected notebook that declares NAME; NOTEBOOK:NAME=VALUE
 to that notebook only (an error if it does not declare it), and wins over NAME=VALUE. Values are Python
 literals, else strings. Everything is checked before the first notebook starts. A failing notebook does
-not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed).
+not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed),
+and 2 when the command line is refused (the message says what to change).
 
 Output: runs/<stamp>/ with notebooks/<nb>.ipynb (executed) and .html (rendered), figures/<nb>.png (main
 figures), index.html (the report: open it in a browser), summary.json, summary.md, and the MLflow store
@@ -36,9 +37,13 @@ from typing import Any
 
 from helpers import tracking
 from helpers._env import temporary_environ
+from helpers.compare import add_compare_arguments, run_compare
 from helpers.cpus import usable_cpus
 from helpers.execute import execute_notebook, first_error, notebook_parameters, record_metadata
+from helpers.gallery_errors import GalleryError, exits_on_gallery_error
+from helpers.metrics import format_metric
 from helpers.paths import NOTEBOOKS_DIR, ROOT
+from helpers.report import complete_entry, write_index
 
 
 @dataclass
@@ -76,7 +81,7 @@ def discover(names: list[str], notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path
         if Path(name).suffix == ".ipynb" and Path(name).exists():
             matches = [Path(name).resolve()]
         if len(matches) != 1:
-            raise SystemExit(
+            raise GalleryError(
                 f"no single notebook matches {name!r}; available: {', '.join(p.stem for p in available)}"
             )
         chosen.append(matches[0])
@@ -89,21 +94,22 @@ def parse_overrides(items: list[str], notebooks: list[Path]) -> dict[Path, dict[
     per_nb: dict[Path, dict[str, Any]] = {nb: {} for nb in notebooks}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"-p {item!r}: write NAME=VALUE or NOTEBOOK:NAME=VALUE")
+            raise GalleryError(f"-p {item!r}: write NAME=VALUE or NOTEBOOK:NAME=VALUE")
         key, value = item.split("=", 1)
         target, _, name = key.rpartition(":")
         value = _literal(value)
         if target:
             nb = discover([target], notebooks[0].parent if notebooks else NOTEBOOKS_DIR)[0]
             if nb not in per_nb:
-                raise SystemExit(f"-p {item!r}: {nb.stem} is not among the notebooks selected to run")
+                raise GalleryError(f"-p {item!r}: {nb.stem} is not among the notebooks selected to run")
             if name not in declared[nb]:
-                raise SystemExit(f"-p {item!r}: {nb.stem} has no parameter {name!r}; it has {sorted(declared[nb])}")
+                raise GalleryError(
+                    f"-p {item!r}: {nb.stem} has no parameter {name!r}; it has {sorted(declared[nb])}")
             per_nb[nb][name] = value
         else:
             takers = [nb for nb in notebooks if name in declared[nb]]
             if not takers:
-                raise SystemExit(f"-p {item!r}: no selected notebook declares a parameter {name!r}")
+                raise GalleryError(f"-p {item!r}: no selected notebook declares a parameter {name!r}")
             for nb in takers:
                 per_nb[nb].setdefault(name, value)
     # Notebook-specific values win over global ones whatever their order on the command line.
@@ -169,7 +175,9 @@ def execute_with_progress(src: Path, dst: Path, parameters: dict[str, Any], time
                           progress: CellProgress | None) -> None:
     """helpers.execute.execute_notebook's papermill call (same kernel, cwd and checks) plus per-cell hooks.
     Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
-    hooks = {"on_notebook_start": progress.notebook_start, "on_cell_start": progress.cell_start} if progress else {}
+    hooks = {}
+    if progress:
+        hooks = {"on_notebook_start": progress.notebook_start, "on_cell_start": progress.cell_start}
     try:
         execute_notebook(src, dst, parameters, timeout=timeout, **hooks)
     finally:
@@ -191,9 +199,9 @@ def _track_after(result: NotebookResult, run_dir: Path, tracking_uri: str | None
         tags["gallery.error"] = f"{result.error.get('ename')}: {result.error.get('evalue')}"[:5000]
     figure = run_dir / result.figure if result.figure else None
     result.tracking = tracking.log_notebook_run(
-        metrics=result.metrics, params=result.all_parameters, tracking_uri=tracking_uri, notebook=result.notebook,
-        status="FINISHED" if result.status == "passed" else "FAILED", tags=tags, artifacts=files,
-        figure_path=figure)
+        metrics=result.metrics, params=result.all_parameters, tracking_uri=tracking_uri,
+        notebook=result.notebook, status="FINISHED" if result.status == "passed" else "FAILED", tags=tags,
+        artifacts=files, figure_path=figure)
 
 
 def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], run_dir: Path,
@@ -202,8 +210,6 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
     """Execute the notebooks one after the other into `run_dir`; rewrite summary and report after each.
 
     `tracking_uri` None turns MLflow tracking off (the kernels get GALLERY_TRACKING=off)."""
-    from helpers.report import complete_entry, write_index
-
     host = host or {}
     out_dir = run_dir / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,8 +229,8 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
             status, error = "passed", None
             with temporary_environ({tracking.ENV_NOTEBOOK: nb.stem}):
                 try:
-                    execute_with_progress(nb, dst, params, timeout,
-                                          CellProgress(f"[{i}/{len(notebooks)}] {nb.stem}") if progress else None)
+                    cells = CellProgress(f"[{i}/{len(notebooks)}] {nb.stem}") if progress else None
+                    execute_with_progress(nb, dst, params, timeout, cells)
                 except Exception as e:  # one failing notebook must not stop the gallery
                     status = "failed"
                     error = (first_error(dst) if dst.exists() else None) or {"ename": type(e).__name__,
@@ -239,7 +245,8 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
                     result.tracking = meta.get("tracking")
                 if report:
                     entry = complete_entry(run_dir, asdict(result))
-                    result.html, result.figure, result.error = entry.get("html"), entry.get("figure"), entry.get("error")
+                    result.html, result.figure = entry.get("html"), entry.get("figure")
+                    result.error = entry.get("error")
                 _track_after(result, run_dir, tracking_uri)
             print(f"    {status} in {result.seconds:.1f} s"
                   + (f": {error['ename']}: {str(error['evalue'])[:200]}" if error else ""), flush=True)
@@ -249,19 +256,21 @@ def run_gallery(notebooks: list[Path], overrides: dict[Path, dict[str, Any]], ru
     return results
 
 
-def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, Any], started: str | None = None,
-                  tracking_uri: str | None = None) -> dict[str, Any]:
+def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, Any],
+                  started: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
     data = {"run": run_dir.name, "started": started, "host": host, "tracking_uri": tracking_uri,
             "notebooks": [asdict(r) for r in results]}
     (run_dir / "summary.json").write_text(json.dumps(data, indent=2, default=str))
+    gpu_name = f" ({host['gpu_name']})" if host.get("gpu_name") else ""
+    tracked = f"; tracking: `{tracking_uri}`" if tracking_uri else ""
     lines = [f"# Gallery run {run_dir.name}", "",
              f"Host: {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('gpus', 0)} GPU(s)"
-             + (f" ({host['gpu_name']})" if host.get("gpu_name") else "") + f", torch {host.get('torch')}", "",
-             "Report: [index.html](index.html)" + (f"; tracking: `{tracking_uri}`" if tracking_uri else ""), "",
+             f"{gpu_name}, torch {host.get('torch')}", "",
+             f"Report: [index.html](index.html){tracked}", "",
              "| notebook | status | seconds | parameters | metrics |", "|---|---|---|---|---|"]
     for r in results:
         params = ", ".join(f"{k}={v}" for k, v in r.parameters.items()) or "defaults"
-        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.metrics.items())
+        metrics = ", ".join(f"{k}={format_metric(v)}" for k, v in r.metrics.items())
         where = (f"In [{r.error['execution_count']}]" if r.error and r.error.get("execution_count")
                  else f"cell {r.error.get('cell')}" if r.error else "")
         status = r.status if not r.error else f"{r.status} ({r.error.get('ename')} in {where})"
@@ -287,9 +296,8 @@ def new_run_dir(runs_dir: Path) -> Path:
     return run_dir
 
 
+@exits_on_gallery_error
 def main(argv: list[str] | None = None) -> int:
-    from helpers.report import add_compare_arguments, run_compare
-
     parser = argparse.ArgumentParser(prog="python -m helpers.gallery", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", help="names, stems or numbers (default: all)")
@@ -303,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="MLflow store (default: $GALLERY_TRACKING_URI, $MLFLOW_TRACKING_URI, else "
                              "sqlite:///<run folder>/mlflow.db)")
     parser.add_argument("--no-tracking", action="store_true", help="no MLflow tracking")
-    parser.add_argument("--list", action="store_true", help="list notebooks and their parameters, run nothing")
+    parser.add_argument("--list", action="store_true",
+                        help="list notebooks and their parameters, run nothing")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="compare two run folders (or baseline JSON files) and run nothing")
     parser.add_argument("--baseline", metavar="RUN_OR_JSON",
@@ -316,24 +325,25 @@ def main(argv: list[str] | None = None) -> int:
     notebooks_dir = Path(args.notebooks_dir)
     notebooks = discover(args.notebooks, notebooks_dir)
     if not notebooks:
-        raise SystemExit(f"no notebooks found in {notebooks_dir}")
+        raise GalleryError(f"no notebooks found in {notebooks_dir}")
     if args.list:
         for nb in notebooks:
             print(nb.stem, notebook_parameters(nb))
         return 0
     overrides = parse_overrides(args.parameter, notebooks)
     if args.baseline and not Path(args.baseline).exists():
-        raise SystemExit(f"--baseline {args.baseline}: no such run folder or JSON file")
+        raise GalleryError(f"--baseline {args.baseline}: no such run folder or JSON file")
 
     run_dir = new_run_dir(Path(args.runs_dir))
     if args.no_tracking or not tracking.enabled():
         tracking_uri = None
     else:
-        tracking_uri = (args.tracking_uri or os.environ.get(tracking.ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI")
+        tracking_uri = (args.tracking_uri or os.environ.get(tracking.ENV_URI)
+                        or os.environ.get("MLFLOW_TRACKING_URI")
                         or tracking.sqlite_uri(run_dir / tracking.DB_NAME))
     host = host_info()
-    print(f"gallery run {run_dir} on {host['cpus']} CPUs, {host['gpus']} GPU(s); report: {run_dir / 'index.html'}",
-          flush=True)
+    print(f"gallery run {run_dir} on {host['cpus']} CPUs, {host['gpus']} GPU(s); "
+          f"report: {run_dir / 'index.html'}", flush=True)
     results = run_gallery(notebooks, overrides, run_dir, args.timeout, progress=not args.no_progress,
                           tracking_uri=tracking_uri, report=not args.no_report, host=host)
     print((run_dir / "summary.md").read_text())

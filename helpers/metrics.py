@@ -19,6 +19,13 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"metric value {value!r} ({type(value).__name__}) is not a number or string")
 
 
+def format_metric(value: Any) -> str:
+    """A metric as the report and the comparison show it: floats to 4 significant digits."""
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
 def _json_safe(value: Any) -> Any:
     try:
         return _plain(value)
@@ -75,15 +82,16 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
     `tracking_uri` overrides the store (e.g. an MLflow server; `helpers.tracking.resolve_tracking_uri()`
     gives the store in use, for a notebook whose own logger should write there too); `mlflow_run_id`
     adds to a run the notebook already made (Lightning's MLFlowLogger, Ray's callback) instead of
-    starting one. Tracking failures warn once and never stop the notebook. Call it on the driver: inside a rank other than 0 nothing is tracked.
+    starting one. Tracking failures warn once and never stop the notebook. Call it on the driver: inside a
+    rank other than 0 nothing is tracked.
     """
     import os
 
     from helpers import tracking
 
     plain = {k: _plain(v) for k, v in metrics.items()}
-    meta: dict[str, Any] = {"metrics": plain, "params": {str(k): _json_safe(v) for k, v in (params or {}).items()},
-                            "host": _host()}
+    meta: dict[str, Any] = {"metrics": plain, "host": _host(),
+                            "params": {str(k): _json_safe(v) for k, v in (params or {}).items()}}
     on_driver = os.environ.get("RANK", "0") in ("", "0")
     if on_driver:
         run_dir = os.environ.get(tracking.ENV_RUN_DIR)
@@ -95,7 +103,8 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
                                          continue_run=mlflow_run_id)
         if info:
             meta["tracking"] = info
-    text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}" for k, v in plain.items())
+    text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}"
+                     for k, v in plain.items())
     try:
         from IPython import get_ipython
         from IPython.display import display

@@ -59,7 +59,8 @@ def _switch() -> str | None:
         return "off"
     if value in _ON:
         return "on"
-    raise ValueError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: use 'on', 'off', or leave it unset (automatic).")
+    raise ValueError(
+        f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: use 'on', 'off', or leave it unset (automatic).")
 
 
 def _in_jupyter_kernel() -> bool:
@@ -100,8 +101,9 @@ def _as_html(state: dict[str, Any], text: str) -> str:
     import html
 
     total = state.get("total")
-    bar = (f'<progress value="{state["n"]}" max="{total}" style="width:16em;vertical-align:middle"></progress>'
-           if total and math.isfinite(total) else '<progress style="width:16em;vertical-align:middle"></progress>')
+    style = 'style="width:16em;vertical-align:middle"'
+    value = f'value="{state["n"]}" max="{total}" ' if total and math.isfinite(total) else ""
+    bar = f"<progress {value}{style}></progress>"
     return f'<div class="helpers-progress">{bar} <code>{html.escape(text)}</code></div>'
 
 
@@ -150,8 +152,8 @@ class ProgressView:
         if bar is None:
             bar = self._bars[key] = tqdm(total=total if total and math.isfinite(total) else None,
                                          desc=state.get("desc") or None, unit=state.get("unit") or "it",
-                                         initial=state.get("initial") or 0, file=sys.stderr, dynamic_ncols=True,
-                                         mininterval=0)
+                                         initial=state.get("initial") or 0, file=sys.stderr,
+                                         dynamic_ncols=True, mininterval=0)
         bar.set_description_str(state.get("desc") or "", refresh=False)
         bar.set_postfix_str(state.get("postfix") or "", refresh=False)
         bar.n = state["n"]
@@ -160,27 +162,26 @@ class ProgressView:
             bar.close()
 
     def close(self) -> None:
-        """The launch is over: a bar that was never closed (a crash, an interrupt) stays as it was last seen."""
+        """The launch is over: a bar never closed (a crash, an interrupt) stays as it was last seen."""
         with self._lock:
             if self.mode == "terminal":
                 for bar in self._bars.values():
                     bar.close()
 
-    @property
-    def bars(self) -> dict[str, dict[str, Any]]:
-        """The last state seen of every bar, by id."""
-        with self._lock:
-            return dict(self._last)
+
+def check_enabled(enabled: Any) -> None:
+    """The one rule for the `progress` setting (the launchers' option, `progress_view`, the Ray relay)."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise ValueError(f"progress={enabled!r}: use True, False, or None (automatic).")
 
 
 def progress_view(enabled: bool | None = None) -> ProgressView | None:
     """The view this process should draw bars in, or None where bars are off.
 
-    `enabled=None` (automatic): in a Jupyter kernel, or in a terminal (stderr is a tty). `HELPERS_PROGRESS=off`
-    wins over everything; `on` draws on stderr even when it is not a terminal.
+    `enabled=None` (automatic): in a Jupyter kernel, or in a terminal (stderr is a tty).
+    `HELPERS_PROGRESS=off` wins over everything; `on` draws on stderr even when it is not a terminal.
     """
-    if enabled is not None and not isinstance(enabled, bool):
-        raise ValueError(f"progress={enabled!r}: use True, False, or None (automatic).")
+    check_enabled(enabled)
     switch = _switch()
     if switch == "off" or enabled is False:
         return None
@@ -218,7 +219,8 @@ def _draw_while_running(view: ProgressView, read: Callable[[], Iterable[dict[str
 
 
 @contextlib.contextmanager
-def watch_progress_dir(folder: Path, view: ProgressView | None, interval: float = MIN_INTERVAL) -> Iterator[None]:
+def watch_progress_dir(folder: Path, view: ProgressView | None,
+                       interval: float = MIN_INTERVAL) -> Iterator[None]:
     """While the block runs, draw every bar state that rank 0 writes into `folder` (the local launcher)."""
     if view is None:
         yield
@@ -257,7 +259,8 @@ class _ProgressRelay:
 
 
 @contextlib.contextmanager
-def relay_ray_progress(enabled: bool | None = None, interval: float = MIN_INTERVAL) -> Iterator[ProgressView | None]:
+def relay_ray_progress(enabled: bool | None = None,
+                       interval: float = MIN_INTERVAL) -> Iterator[ProgressView | None]:
     """Draw the bars of Ray Train workers started inside this block (e.g. around `TorchTrainer.fit()`).
 
     Needs `ray.init()` first. Workers find the relay by name in the job's namespace, so nothing has to be
@@ -270,7 +273,8 @@ def relay_ray_progress(enabled: bool | None = None, interval: float = MIN_INTERV
     import ray
 
     if not ray.is_initialized():
-        raise RuntimeError("relay_ray_progress() needs a Ray connection: call ray.init() (or ray.init(address=...)) first.")
+        raise RuntimeError("relay_ray_progress() needs a Ray connection: call ray.init() "
+                           "(or ray.init(address=...)) first.")
     try:
         ray.get_actor(RELAY_NAME)
     except ValueError:
@@ -281,7 +285,10 @@ def relay_ray_progress(enabled: bool | None = None, interval: float = MIN_INTERV
     relay = ray.remote(num_cpus=0)(_ProgressRelay).options(name=RELAY_NAME).remote()
     ray.get(relay.take.remote())  # the actor is up before any worker looks for it
     try:
-        with _draw_while_running(view, lambda: ray.get(relay.take.remote()), interval, "helpers-ray-progress"):
+        def read() -> list[dict[str, Any]]:
+            return ray.get(relay.take.remote())
+
+        with _draw_while_running(view, read, interval, "helpers-ray-progress"):
             yield view
     finally:
         with contextlib.suppress(Exception):
@@ -387,7 +394,8 @@ class RankProgress(Generic[T]):
     def set_postfix(self, refresh: bool = True, **values: Any) -> None:
         """`loss=0.41, lr=3e-4`: floats shown to 4 significant digits, as tqdm does. `refresh=False` leaves
         sending to the next `update()`."""
-        self.postfix = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+        self.postfix = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in values.items())
         if refresh:
             self._send()
 
@@ -402,7 +410,8 @@ class RankProgress(Generic[T]):
 
     def state(self) -> dict[str, Any]:
         return {"id": self.id, "desc": self.desc, "n": self.n, "total": self.total, "unit": self.unit,
-                "initial": self.initial, "postfix": self.postfix, "elapsed": time.monotonic() - self._start, "closed": self.closed}
+                "initial": self.initial, "postfix": self.postfix, "elapsed": time.monotonic() - self._start,
+                "closed": self.closed}
 
     def _send(self, force: bool = False) -> None:
         if self._sink is None:
@@ -423,8 +432,8 @@ def progress_bar(iterable: Iterable[T] | None = None, total: float | None = None
 
     Use it like tqdm: `for batch in progress_bar(loader, desc=f"epoch {e}")`, or
     `bar = progress_bar(total=steps)` with `bar.update()` and `bar.set_postfix(loss=...)`. On other ranks it
-    passes the iterable through and does nothing else. `initial` is where a resumed run starts (its rate counts
-    only the steps done since). `rank` defaults to this process's global rank.
+    passes the iterable through and does nothing else. `initial` is where a resumed run starts (its rate
+    counts only the steps done since). `rank` defaults to this process's global rank.
     """
     active = (_rank() if rank is None else rank) == 0
     return RankProgress(iterable, total, desc, unit, active, initial)
@@ -457,10 +466,12 @@ def lightning_progress_bar() -> Any:
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             if self._enabled:
                 epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-                self._bar = progress_bar(total=self.total_train_batches, desc=f"epoch {trainer.current_epoch + 1}{epochs}",
-                                         unit="batch", rank=trainer.global_rank)
+                self._bar = progress_bar(total=self.total_train_batches,
+                                         desc=f"epoch {trainer.current_epoch + 1}{epochs}", unit="batch",
+                                         rank=trainer.global_rank)
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
             if self._bar is not None:
                 self._bar.set_postfix(refresh=False, **self._metrics(trainer, pl_module))
                 self._bar.update(batch_idx + 1 - self._bar.n)
@@ -499,7 +510,8 @@ def transformers_progress_callback(desc: str = "training") -> Any:
             if self._bar is not None:
                 self._bar.update(state.global_step - self._bar.n)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
+                   **kwargs: Any) -> None:
             if self._bar is not None and logs and "loss" in logs:
                 self._bar.set_postfix(loss=float(logs["loss"]))
 

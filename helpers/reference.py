@@ -30,7 +30,7 @@ from helpers.paths import ROOT
 
 REFERENCES_DIR = ROOT / "notebooks" / "references"
 METADATA_KEY = "distributed_gallery_reference"
-ENV_SWITCH = "GALLERY_REFERENCE"   # "measure": record the results without comparing (the spread benchmark)
+ENV_SWITCH = "GALLERY_REFERENCE"  # "measure": record the results without comparing (the spread benchmark)
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,15 @@ def load_reference(notebook: str, references_dir: Path | None = None) -> dict[st
     for name, spec in reference["results"].items():
         tol, value = spec.get("abs"), spec.get("value")
         per_point = isinstance(tol, list) and isinstance(value, list) and len(tol) == len(value)
-        if value is None or not (per_point or isinstance(tol, (int, float))) or min(
-                tol if per_point else [tol], default=0) < 0:
-            raise ValueError(f"{path}: result {name!r} needs a 'value' and a non-negative 'abs' tolerance "
-                             "(a number, or for a curve one number per point).")
+        if (
+            value is None
+            or not (per_point or isinstance(tol, (int, float)))
+            or min(tol if per_point else [tol], default=0) < 0
+        ):
+            raise ValueError(
+                f"{path}: result {name!r} needs a 'value' and a non-negative 'abs' tolerance "
+                "(a number, or for a curve one number per point)."
+            )
     return reference
 
 
@@ -125,12 +130,15 @@ def _canon(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def compare(notebook: str, params: Mapping[str, Any], results: Mapping[str, Any],
-            references_dir: Path | None = None) -> Outcome:
+def compare(
+    notebook: str, params: Mapping[str, Any], results: Mapping[str, Any], references_dir: Path | None = None
+) -> Outcome:
     """Compare `results` with the reference; raise AssertionError on a result outside its tolerance."""
     measured = {name: _plain(value) for name, value in results.items()}
-    if os.environ.get(ENV_SWITCH, "").strip().lower() == "measure":   # benchmarks/reference_spread.py
-        return Outcome(False, f"Measuring ({ENV_SWITCH}=measure): not compared with the reference run.", measured)
+    if os.environ.get(ENV_SWITCH, "").strip().lower() == "measure":  # benchmarks/reference_spread.py
+        return Outcome(
+            False, f"Measuring ({ENV_SWITCH}=measure): not compared with the reference run.", measured
+        )
     try:
         reference = load_reference(notebook, references_dir)
     except FileNotFoundError as e:
@@ -146,34 +154,50 @@ def compare(notebook: str, params: Mapping[str, Any], results: Mapping[str, Any]
     differ = parameters_differ(reference["parameters"], {k: _json_value(v) for k, v in params.items()})
     if differ:
         shown = ", ".join(f"{k}={reference['parameters'].get(k, '(unset)')!r}" for k in differ[:4])
-        return Outcome(False, f"Not compared with the reference run: it was measured at other parameters "
-                              f"({shown}{', ...' if len(differ) > 4 else ''}); the bars above still apply.",
-                       measured)
+        return Outcome(
+            False,
+            f"Not compared with the reference run: it was measured at other parameters "
+            f"({shown}{', ...' if len(differ) > 4 else ''}); the bars above still apply.",
+            measured,
+        )
     failures, lines = [], []
     for name, spec in expected.items():
         excess, point = _excess(measured[name], spec["value"], spec["abs"])
         within = excess <= 1e-12
-        lines.append(f"  {name:<24} {_format_value(spec['value']):>16} ± {_format_tolerance(spec['abs']):<12} "
-                     f"{'ok' if within else 'OUTSIDE'}")
+        lines.append(
+            f"  {name:<24} {_format_value(spec['value']):>16} ± {_format_tolerance(spec['abs']):<12} "
+            f"{'ok' if within else 'OUTSIDE'}"
+        )
         if not within:
             if point is None and isinstance(spec["value"], list):
-                failures.append(f"{name}: a curve of {len(measured[name]) if isinstance(measured[name], list) else 1}"
-                                f" points is not the reference's {_format_value(spec['value'])}")
+                failures.append(
+                    f"{name}: a curve of {len(measured[name]) if isinstance(measured[name], list) else 1}"
+                    f" points is not the reference's {_format_value(spec['value'])}"
+                )
             elif point is None:
-                failures.append(f"{name}: {_format_value(measured[name])} is not within ±{spec['abs']:.4g} of the "
-                                f"reference {_format_value(spec['value'])}")
+                failures.append(
+                    f"{name}: {_format_value(measured[name])} is not within ±{spec['abs']:.4g} of the "
+                    f"reference {_format_value(spec['value'])}"
+                )
             else:
                 tol = spec["abs"][point] if isinstance(spec["abs"], list) else spec["abs"]
-                failures.append(f"{name}: point {point + 1} of the curve is {measured[name][point]:.4g}, not within "
-                                f"±{tol:.4g} of the reference {spec['value'][point]:.4g}")
+                failures.append(
+                    f"{name}: point {point + 1} of the curve is {measured[name][point]:.4g}, not within "
+                    f"±{tol:.4g} of the reference {spec['value'][point]:.4g}"
+                )
     runs = reference.get("measured", {}).get("runs", {})
-    header = (f"Compared with the reference run (notebooks/references/{notebook}.json; tolerances from "
-              f"{len(runs)} runs across instruction sets, thread counts and seeds):")
+    header = (
+        f"Compared with the reference run (notebooks/references/{notebook}.json; tolerances from "
+        f"{len(runs)} runs across instruction sets, thread counts and seeds):"
+    )
     text = "\n".join([header, *lines])
     if failures:
-        raise AssertionError(f"{notebook} moved away from its reference run:\n  " + "\n  ".join(failures)
-                             + f"\n\n{text}\nIf the change is intended, re-measure the reference: "
-                             f"python benchmarks/reference_spread.py {notebook} --write")
+        raise AssertionError(
+            f"{notebook} moved away from its reference run:\n  "
+            + "\n  ".join(failures)
+            + f"\n\n{text}\nIf the change is intended, re-measure the reference: "
+            f"python benchmarks/reference_spread.py {notebook} --write"
+        )
     return Outcome(True, text, measured)
 
 
@@ -193,8 +217,14 @@ def check_against_reference(notebook: str, params: Mapping[str, Any], **results:
     are the only checks. Results are numbers or curves (sequences of numbers, compared point by point).
     """
     outcome = compare(notebook, params, results)
-    meta = {METADATA_KEY: {"notebook": notebook, "compared": outcome.compared, "measured": outcome.measured,
-                           "params": {k: _json_value(v) for k, v in params.items()}}}
+    meta = {
+        METADATA_KEY: {
+            "notebook": notebook,
+            "compared": outcome.compared,
+            "measured": outcome.measured,
+            "params": {k: _json_value(v) for k, v in params.items()},
+        }
+    }
     try:
         from IPython import get_ipython
         from IPython.display import display

@@ -67,7 +67,8 @@ def sqlite_uri(path: str | Path) -> str:
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:
-    return explicit or os.environ.get(ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    return (explicit or os.environ.get(ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI")
+            or default_tracking_uri())
 
 
 def notebook_name() -> str:
@@ -220,7 +221,8 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
                      figure: Any = None, figure_path: str | Path | None = None,
                      tracking_uri: str | None = None, notebook: str | None = None,
                      status: str = "FINISHED", tags: dict[str, str] | None = None,
-                     artifacts: list[str | Path] = (), continue_run: str | None = None) -> dict[str, str] | None:
+                     artifacts: list[str | Path] = (),
+                     continue_run: str | None = None) -> dict[str, str] | None:
     """Log one notebook run to MLflow; return {"run_id", "experiment_id"}, or None (off, or failed).
 
     `continue_run`: the id of an MLflow run the notebook already made (e.g. with Lightning's MLFlowLogger
@@ -294,8 +296,8 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
             if not continue_run:
                 client.set_terminated(run_id, status=status)
         if figure_error is not None:  # (outside _quiet, which silences warnings)
-            warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: {figure_error})",
-                          TrackingWarning, stacklevel=3)
+            warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: "
+                          f"{figure_error})", TrackingWarning, stacklevel=3)
         return {"run_id": run_id, "experiment_id": experiment_id}
     except Exception as e:
         if client is not None and run_id is not None and not continue_run:

@@ -21,7 +21,11 @@ import re
 
 import pytest
 
-ISA_BASELINE = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+ISA_BASELINE = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+}
 
 
 def variant_for(notebook_stem: str) -> dict[str, str]:
@@ -39,8 +43,9 @@ def _enabled() -> bool:
 def pytest_runtest_setup(item):
     """Set the variant while nbval starts the notebook's kernel (its first cell's setup), then restore."""
     parent = item.parent
-    starting_kernel = (type(parent).__name__ == "IPyNbFile" and getattr(parent, "kernel", None) is None
-                       and _enabled())
+    starting_kernel = (
+        type(parent).__name__ == "IPyNbFile" and getattr(parent, "kernel", None) is None and _enabled()
+    )
     if not starting_kernel:
         yield
         return
@@ -63,6 +68,8 @@ def pytest_report_header(config):
         return None
     if not _enabled():
         return "nbval variants: off (this machine's own kernels)"
-    return ("nbval variants: every notebook under another instruction set "
-            f"({', '.join(f'{k}={v}' for k, v in ISA_BASELINE.items())}); "
-            "threads per rank 4 for odd-numbered notebooks, 1 for even")
+    return (
+        "nbval variants: every notebook under another instruction set "
+        f"({', '.join(f'{k}={v}' for k, v in ISA_BASELINE.items())}); "
+        "threads per rank 4 for odd-numbered notebooks, 1 for even"
+    )

@@ -55,11 +55,13 @@ def test_pycocotools_reads_it_and_boxes_are_valid(built):
 
 
 def test_torchvision_coco_loader_reads_it(built):
-    """The notebook's loading path: CocoDetection wrapped for the v2 transforms gives XYXY boxes and labels."""
+    """The notebook's loading path: CocoDetection wrapped for the v2 transforms gives XYXY boxes and
+    labels."""
     from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
 
     with contextlib.redirect_stdout(io.StringIO()):
-        dataset = wrap_dataset_for_transforms_v2(CocoDetection(str(built.val_images), str(built.val_annotations)))
+        coco = CocoDetection(str(built.val_images), str(built.val_annotations))
+        dataset = wrap_dataset_for_transforms_v2(coco)
     image, target = dataset[0]
     raw = json.loads(built.val_annotations.read_text())
     first = [a for a in raw["annotations"] if a["image_id"] == raw["images"][0]["id"]]

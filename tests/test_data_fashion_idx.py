@@ -48,7 +48,8 @@ def test_deterministic_and_cached(root, tmp_path):
     fashion_idx.build(root, train_size=1000, test_size=300, seed=3)
     assert (raw / "train-images-idx3-ubyte").stat().st_mtime_ns == before
     fashion_idx.build(tmp_path / "again", train_size=500, test_size=300, seed=3)
-    assert (tmp_path / "again" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").stat().st_size == 16 + 500 * 784
+    images = tmp_path / "again" / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
+    assert images.stat().st_size == 16 + 500 * 784
 
 
 def test_learnable_but_not_trivial(root):

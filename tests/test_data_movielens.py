@@ -53,7 +53,8 @@ def test_format_is_movielens(small):
     assert ratings.userId.nunique() == SMALL["num_users"] and len(movies) == SMALL["num_movies"]
     assert ratings.groupby("userId").size().between(SMALL["min_ratings"], SMALL["max_ratings"]).all()
     assert ratings.movieId.isin(movies.movieId).all()
-    assert (movies.movieId.diff().dropna() > 0).all() and movies.movieId.max() > len(movies)  # gaps, as real ids
+    assert (movies.movieId.diff().dropna() > 0).all()
+    assert movies.movieId.max() > len(movies)  # gaps, as in real ids
     assert set(np.unique(ratings.rating * 2)) <= set(range(1, 11))  # half stars from 0.5 to 5
     assert {g for gs in movies.genres for g in gs.split("|")} <= set(GENRES)
     assert not ratings.duplicated(["userId", "movieId"]).any()
@@ -191,8 +192,9 @@ def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
         from streaming import StreamingDataset
         ds = StreamingDataset(local={str(tmp_path / "mds")!r}, remote=None, shuffle=True, batch_size=8)
         next(iter(ds))
-        from multiprocessing import resource_tracker   # a hard kill of the whole process group: the
-        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)   # tracker that would unlink goes too
+        # A hard kill of the whole process group: the tracker that would unlink goes too.
+        from multiprocessing import resource_tracker
+        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

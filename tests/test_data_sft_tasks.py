@@ -66,7 +66,8 @@ def test_validation_accepts_a_user_file(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ('{"conversation": []}', r"line 2 has no 'messages' field"),
-    ('{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}', r"line 2: message 0 has no 'content'"),
+    ('{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}',
+     r"line 2: message 0 has no 'content'"),
     ('{"messages": [{"content": "hi"}]}', r"line 2: message 0 has no 'role'"),
     ('{"messages": [{"role": "bot", "content": "hi"}]}', r"role 'bot'"),
     ('{"messages": [{"role": "user", "content": "hi"}]}', r"last message must be the assistant's reply"),
@@ -97,10 +98,12 @@ def test_char_tokenizer_round_trip_and_assistant_mask(tmp_path):
     tok.save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)  # reloads like a hub tokenizer
     messages = [{"role": "user", "content": "reverse: abc"}, {"role": "assistant", "content": "cba"}]
-    enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
     ids, mask = enc["input_ids"], enc["assistant_masks"]
     assert tok.decode(ids) == "<|user|>reverse: abc<|assistant|>cba<|end|>"
-    assert [i for i, m in zip(ids, mask, strict=True) if m] == tok("cba", add_special_tokens=False)["input_ids"] + [
-        tok.eos_token_id]  # only the answer and its end-of-turn token are trained on
+    # Only the answer and its end-of-turn token are trained on.
+    answer = tok("cba", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == answer
     assert tok.decode(tok("Hello, 42!")["input_ids"]) == "Hello, 42!"
     assert tok.eos_token == "<|end|>" and tok.pad_token == "<pad>"

@@ -21,6 +21,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from helpers import gallery, tracking
 from helpers._env import temporary_environ
+from helpers.gallery_errors import USAGE_ERROR, GalleryError
 
 OK_CODE = """import matplotlib
 matplotlib.use("agg")
@@ -80,8 +81,8 @@ def synthetic_run(tmp_path_factory):
             status = gallery.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
                                    "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
         (run_dir,) = (base / "runs").iterdir()
-        _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(), seconds=time.perf_counter() - start,
-                    notebooks=notebooks)
+        _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(),
+                    seconds=time.perf_counter() - start, notebooks=notebooks)
     return _RUN
 
 
@@ -116,19 +117,20 @@ def test_global_and_notebook_specific_overrides(two_notebooks):
     ("03:n=1", "no single notebook matches '03'"),
 ])
 def test_unknown_names_are_refused(two_notebooks, item, message):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(GalleryError, match=message):
         gallery.parse_overrides([item], gallery.discover([], two_notebooks))
 
 
-def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path):
+def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path, capsys):
     runs = tmp_path / "runs"
-    with pytest.raises(SystemExit, match="bogus"):
-        gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs), "-p", "n=2", "-p", "bogus=1"])
+    status = gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs),
+                           "-p", "n=2", "-p", "bogus=1"])
+    assert status == USAGE_ERROR and "error: -p 'bogus=1'" in capsys.readouterr().err
     assert not runs.exists(), "a run folder was created although the command line was refused"
 
 
 def test_override_for_notebook_not_selected(two_notebooks):
-    with pytest.raises(SystemExit, match="not among the notebooks selected"):
+    with pytest.raises(GalleryError, match="not among the notebooks selected"):
         gallery.parse_overrides(["02:n=1"], gallery.discover(["01"], two_notebooks))
 
 
@@ -138,12 +140,13 @@ def test_discovery_by_number_and_stem(two_notebooks):
     assert gallery.discover(["02"], two_notebooks) == [two_notebooks / "02_ok.ipynb"]
     assert gallery.discover(["02_ok", "01"], two_notebooks) == [two_notebooks / "02_ok.ipynb",
                                                                 two_notebooks / "01_fails.ipynb"]
-    with pytest.raises(SystemExit, match="available: 01_fails, 02_ok"):
+    with pytest.raises(GalleryError, match="available: 01_fails, 02_ok"):
         gallery.discover(["9"], two_notebooks)
 
 
 def test_list_runs_nothing(two_notebooks, tmp_path, capsys):
-    assert gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(tmp_path / "r"), "--list"]) == 0
+    runs = str(tmp_path / "r")
+    assert gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", runs, "--list"]) == 0
     assert "02_ok {'n': 3, 'scale': 1.0, 'label': 'x'}" in capsys.readouterr().out
     assert not (tmp_path / "r").exists()
 
@@ -187,7 +190,8 @@ def test_summary_contents(synthetic_run):
     assert fails["error"]["anchor"].startswith("cell-id=") and fails["metrics"] == {}
     assert ok["parameters"] == {"scale": 2.0}
     assert ok["all_parameters"] == {"n": 3, "scale": 2.0, "label": "x"}
-    assert ok["metrics"] == {"score": 1.0, "final_loss": pytest.approx(1 / 3), "processes": 1, "device": "cpu"}
+    assert ok["metrics"] == {"score": 1.0, "final_loss": pytest.approx(1 / 3), "processes": 1,
+                             "device": "cpu"}
     assert ok["error"] is None and ok["seconds"] > 0 and ok["host"]["gpus"] == 0
     for entry in (fails, ok):
         assert (run_dir / entry["output"]).exists() and (run_dir / entry["html"]).exists()
@@ -218,7 +222,8 @@ def test_one_mlflow_run_per_notebook(synthetic_run):
     assert ok.data.metrics["score"] == 1.0 and ok.data.tags["metric.device"] == "cpu"
     assert [(m.step, m.value) for m in client.get_metric_history(ok.info.run_id, "loss")] == [
         (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
-    assert {a.path for a in client.list_artifacts(ok.info.run_id)} == {"02_ok.png", "02_ok.ipynb", "02_ok.html"}
+    artifacts = {a.path for a in client.list_artifacts(ok.info.run_id)}
+    assert artifacts == {"02_ok.png", "02_ok.ipynb", "02_ok.html"}
     assert fails.data.params == {"n": "5"} and "broken on purpose" in fails.data.tags["gallery.error"]
     # artifacts went next to the store, not into the notebooks' working directory
     assert (run_dir / "mlartifacts").is_dir() and not (synthetic_run["notebooks"] / "mlruns").exists()
@@ -276,7 +281,8 @@ def test_record_metrics_logs_dataframe_history_on_rank_zero_only(monkeypatch, tm
     (run,) = client.search_runs([client.get_experiment_by_name("99_test").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params == {"lr": "0.1", "data_dir": "None", "size_max_": "3"}
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0)]
     # the final value is logged at the last step, so MLflow's "latest" is the headline metric
     assert run.data.metrics == {"loss": 1.0, "accuracy": 0.75}
     monkeypatch.setenv(tracking.ENV_SWITCH, "off")
@@ -301,7 +307,8 @@ def test_record_metrics_adds_to_the_notebooks_own_mlflow_run(monkeypatch, tmp_pa
     for step, loss in enumerate([2.0, 1.0]):
         client.log_metric(own.info.run_id, "train_loss", loss, step=step)
     client.set_terminated(own.info.run_id)
-    record_metrics(recall=0.3, params={"lr": 0.01, "epochs": 2}, tracking_uri=uri, mlflow_run_id=own.info.run_id,
+    record_metrics(recall=0.3, params={"lr": 0.01, "epochs": 2}, tracking_uri=uri,
+                   mlflow_run_id=own.info.run_id,
                    history=[{"epoch": 1, "train_loss": 9.0}, {"epoch": 2, "train_loss": 9.0, "val": 0.5}])
     (run,) = MlflowClient(uri).search_runs([own.info.experiment_id])
     assert run.info.run_id == own.info.run_id and run.info.status == "FINISHED"

@@ -75,13 +75,15 @@ class Server:
 @pytest.fixture
 def jupyter_server(tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               IPYTHONDIR=str(tmp_path / "ipython"), GALLERY_TRACKING="off")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), IPYTHONDIR=str(tmp_path / "ipython"),
+               GALLERY_TRACKING="off")
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
+             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             "--ServerApp.open_browser=False",
              f"--ServerApp.root_dir={ROOT}", "--ServerApp.shutdown_no_activity_timeout=600",
              *(["--allow-root"] if os.geteuid() == 0 else [])],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -95,7 +97,8 @@ def jupyter_server(tmp_path):
                 server.request("GET", "/api/status")
                 break
             except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, f"jupyter server did not answer: {log.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, (
+                    f"jupyter server did not answer: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
         server.descendants = started  # the test adds every process it sees under the server
         yield server
@@ -152,15 +155,18 @@ class KernelChannel:
         import websocket
 
         self.session = uuid.uuid4().hex
-        url = server.base.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels?session_id={self.session}"
-        self.ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=120)
+        url = (server.base.replace("http://", "ws://")
+               + f"/api/kernels/{kernel_id}/channels?session_id={self.session}")
+        self.ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"],
+                                              timeout=120)
 
     def execute(self, code: str, on_output=None, timeout: float = 120) -> dict:
         """Send an execute_request; collect its iopub output (with arrival times) until the reply and idle."""
         msg_id = uuid.uuid4().hex
         self.ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "username": "test", "session": self.session, "msg_type": "execute_request",
-                       "version": "5.3", "date": dt.datetime.now(dt.timezone.utc).isoformat()},
+            "header": {"msg_id": msg_id, "username": "test", "session": self.session,
+                       "msg_type": "execute_request", "version": "5.3",
+                       "date": dt.datetime.now(dt.timezone.utc).isoformat()},
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},
@@ -204,7 +210,8 @@ def _check_progress_bar(result: dict, total: int) -> None:
     """One bar (rank 0's), shown early, updated live, finished at n == total."""
     bars = [(t, kind, c) for t, kind, c in result["displays"] if "helpers_progress" in c.get("metadata", {})]
     assert bars, f"no progress bar was displayed; displays: {result['displays']}"
-    assert bars[0][1] == "display_data" and all(kind == "update_display_data" for _, kind, _ in bars[1:]), bars
+    assert bars[0][1] == "display_data", bars
+    assert all(kind == "update_display_data" for _, kind, _ in bars[1:]), bars
     ids = {c["transient"]["display_id"] for _, _, c in bars}
     assert len(ids) == 1, f"more than one bar was drawn (rank 1's too?): {ids}"
     states = [c["metadata"]["helpers_progress"] for _, _, c in bars]
@@ -253,7 +260,8 @@ def test_rank_output_live_interrupt_and_rerun(jupyter_server):
     assert interrupted, f"the workers never reported ready: {_text(long)[-1000:]}"
     assert long["reply"]["status"] == "error" and long["error"]["ename"] == "KeyboardInterrupt", long["error"]
     assert long["reply_at"] - interrupted[0] < 30, "the interrupt took too long to stop the launch"
-    print(f"interrupt stopped the launch in {long['reply_at'] - interrupted[0]:.1f} s: {long['error']['evalue']}")
+    print(f"interrupt stopped the launch in {long['reply_at'] - interrupted[0]:.1f} s: "
+          f"{long['error']['evalue']}")
     deadline = time.monotonic() + 10
     while any(_pid_alive(pid) for pid in seen.values()) and time.monotonic() < deadline:
         time.sleep(0.1)

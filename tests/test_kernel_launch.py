@@ -1,4 +1,5 @@
-"""Launching from a real Jupyter kernel (nbclient): rank output lands in the cell, rank errors are cell errors."""
+"""Launching from a real Jupyter kernel (nbclient): rank output lands in the cell, rank errors are cell
+errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbformat.v4 import new_code_cell, new_notebook
 
+KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 CELLS = [
     "from helpers import distributed, worker_context\nimport os",
     # a class and a closure defined in the notebook, used inside the ranks
@@ -29,8 +31,7 @@ CELLS = [
 
 
 def _run(cells):
-    nb = new_notebook(cells=[new_code_cell(c) for c in cells],
-                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells], metadata=KERNELSPEC)
     client = NotebookClient(nb, kernel_name="python3", timeout=120, allow_errors=True)
     client.execute()
     return nb
@@ -57,8 +58,7 @@ def test_rank_output_and_errors_in_cells():
 
 def test_papermill_style_failure_is_raised():
     """Without allow_errors (as papermill and nbval run), the rank's error stops the notebook."""
-    nb = new_notebook(cells=[new_code_cell(CELLS[0]), new_code_cell(CELLS[4])],
-                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb = new_notebook(cells=[new_code_cell(CELLS[0]), new_code_cell(CELLS[4])], metadata=KERNELSPEC)
     client = NotebookClient(nb, kernel_name="python3", timeout=120)
     try:
         client.execute()

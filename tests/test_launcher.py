@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import helpers.launcher as launcher
-from helpers import LaunchError, RankFailedError, distributed
+from helpers import LaunchError, LaunchOptions, LaunchPlan, RankFailedError, distributed, plan_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,11 +79,17 @@ def test_two_launches_in_a_row_use_fresh_ports():
     assert first[0]["env"]["MASTER_PORT"] != second[0]["env"]["MASTER_PORT"]
 
 
+ELASTIC_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "HELPERS_DIST_BACKEND")
+
+
 def test_in_process_call_is_rank_zero_of_one():
+    before = {k: os.environ.get(k) for k in ELASTIC_ENV}
     result = allreduce_rank(5)
     assert result["rank"] == 0 and result["sum"] == 5.0
     assert result["env"]["WORLD_SIZE"] == "1"
-    assert "RANK" not in os.environ or os.environ["RANK"] == result["env"]["RANK"]
+    # The call's environment is gone afterwards: every variable as it was (unset ones unset).
+    assert {k: os.environ.get(k) for k in ELASTIC_ENV} == before
 
 
 def test_closure_and_driver_environment_reach_the_workers(monkeypatch):
@@ -201,32 +206,30 @@ def test_unserialisable_return_value_names_the_fix():
 
 @pytest.mark.parametrize(
     "processes, fix",
-    [(0, "at least 1"), (-2, "at least 1"), (1.5, "whole number"), ("2", "whole number"), (True, "whole number")],
+    [(0, "at least 1"), (-2, "at least 1"), (1.5, "whole number"), ("2", "whole number"),
+     (True, "whole number")],
 )
-def test_bad_process_counts_fail_before_any_process(monkeypatch, processes, fix):
-    monkeypatch.setattr(launcher, "_serialise_payload", _must_not_run)
+def test_bad_process_counts_fail_before_any_process(processes, fix):
+    # The argument cannot be sent: had the payload been built first, its error would have come instead.
     with pytest.raises(LaunchError, match=fix):
-        distributed(processes=processes)(print).distributed()
+        distributed(processes=processes)(print).distributed(threading.Lock())
 
 
-def test_more_gpus_than_exist(monkeypatch):
-    monkeypatch.setattr(launcher, "_gpu_count", lambda: 1)
-    monkeypatch.setattr(launcher, "_serialise_payload", _must_not_run)
+def test_more_gpus_than_exist():
     with pytest.raises(LaunchError, match=r"this machine has 1 GPU.*processes=1.*device='cpu'"):
-        distributed(processes=2)(print).distributed()
-    assert distributed(processes=2, device="cpu")(print).plan().processes == 2
-    assert distributed()(print).plan() == launcher.LaunchPlan(1, "cuda", "nccl")
+        plan_launch(LaunchOptions(processes=2), gpus=1)
+    assert distributed(processes=2, device="cpu")(print).plan(gpus=1).processes == 2
+    assert distributed()(print).plan(gpus=1) == LaunchPlan(1, "cuda", "nccl")
 
 
-def test_cuda_without_gpu_and_unknown_options(monkeypatch):
-    monkeypatch.setattr(launcher, "_gpu_count", lambda: 0)
+def test_cuda_without_gpu_and_unknown_options():
     with pytest.raises(LaunchError, match="no usable GPU"):
-        distributed(device="cuda")(print).plan()
+        distributed(device="cuda")(print).plan(gpus=0)
     with pytest.raises(LaunchError, match="unknown launch option"):
         distributed(proceses=2)
     with pytest.raises(LaunchError, match="'fork' is refused"):
-        distributed(start_method="fork")(print).plan()
-    assert distributed()(print).plan() == launcher.LaunchPlan(2, "cpu", "gloo")
+        distributed(start_method="fork")(print).plan(gpus=0)
+    assert distributed()(print).plan(gpus=0) == LaunchPlan(2, "cpu", "gloo")
 
 
 def test_unpicklable_argument_fails_before_launch(monkeypatch):
@@ -236,10 +239,6 @@ def test_unpicklable_argument_fails_before_launch(monkeypatch):
     monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", no_launch)
     with pytest.raises(LaunchError, match=r"argument 0 \(lock\) cannot be sent"):
         distributed(processes=2)(print).distributed(threading.Lock())
-
-
-def _must_not_run(*args, **kwargs):
-    raise AssertionError("argument checks must fail before the payload is built")
 
 
 INTERRUPT_SCRIPT = textwrap.dedent(
@@ -310,7 +309,8 @@ def test_script_main_module_is_not_rerun_in_workers(tmp_path):
             f.write(str(os.getpid()) + "\\n")
         print(distributed(processes=2)(lambda: int(os.environ["RANK"])).distributed())
     """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("[0, 1]")
     assert len(marker.read_text().split()) == 1

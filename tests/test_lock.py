@@ -41,7 +41,8 @@ def test_every_declared_requirement_is_pinned_and_satisfied():
     pins = _pins(ROOT / "requirements.lock")
     for req in _declared():
         name = canonicalize_name(req.name)
-        assert name in pins, f"pyproject.toml needs {req} but requirements.lock does not pin it: run `make lock`"
+        assert name in pins, (
+            f"pyproject.toml needs {req} but requirements.lock does not pin it: run `make lock`")
         assert req.specifier.contains(pins[name], prereleases=True), (
             f"requirements.lock pins {name}=={pins[name]}, outside pyproject.toml's {req}: run `make lock`")
 
@@ -49,7 +50,8 @@ def test_every_declared_requirement_is_pinned_and_satisfied():
 def test_lock_constraints_are_what_the_lock_pins():
     pins = _pins(ROOT / "requirements.lock")
     for name, version in _pins(ROOT / "lock-constraints.txt").items():
-        assert pins.get(name) == version, f"lock-constraints.txt wants {name}=={version}, the lock has {pins.get(name)}"
+        assert pins.get(name) == version, (
+            f"lock-constraints.txt wants {name}=={version}, the lock has {pins.get(name)}")
 
 
 def test_conda_environment_installs_the_same_lock():

@@ -4,7 +4,7 @@ The stored notebook (ZeRO-3 on 2 processes) is executed by nbval, with its learn
 this file runs the other stage, ZeRO-2 on 2 processes, for a few fine-tuning steps (`max_steps`): stage
 parity and sharding are checked inside the notebook at any size. And the bad-input cases that must fail
 before any launch.
-A dataset file with a missing field is tested on the validation function itself (tests/test_data_sft_tasks.py).
+A dataset file with a missing field is tested on the validation function itself (test_data_sft_tasks.py).
 """
 
 import pytest

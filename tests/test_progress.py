@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-import helpers.launcher
 import helpers.progress
 from helpers import LaunchError, distributed, progress_bar, worker_context
 from helpers.progress import METADATA_KEY, ProgressView, format_bar
@@ -42,8 +41,8 @@ class RecordingView(ProgressView):
 @pytest.fixture
 def recording_view(monkeypatch):
     view = RecordingView()
-    monkeypatch.setattr(helpers.launcher, "progress_view", lambda enabled=None: None if enabled is False else view)
-    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: None if enabled is False else view)
+    monkeypatch.setattr(helpers.progress, "progress_view",
+                        lambda enabled=None: None if enabled is False else view)
     return view
 
 
@@ -69,7 +68,8 @@ def test_rank0_bar_is_drawn_live_by_the_launching_process(recording_view, capfd)
     assert {s["desc"] for s in states} == {"rank 0 steps"}, "only rank 0's bar is drawn"
     assert len({s["id"] for s in states}) == 1
     final = states[-1]
-    assert final["n"] == final["total"] == 12 and final["closed"] and final["postfix"] == "loss=0.08333", final
+    assert final["n"] == final["total"] == 12 and final["closed"], final
+    assert final["postfix"] == "loss=0.08333", final
     assert any(0 < s["n"] < 12 for s in states), f"no state between start and end: {states}"
     first_live = next(t for t, s in recording_view.drawn if 0 < s["n"] < 12)
     assert results[0]["finished"] - first_live > 0.3, "the bar only moved when the ranks had finished"
@@ -121,7 +121,7 @@ def test_in_process_call_draws_in_this_process(monkeypatch):
     resumed.close()
     state = view.drawn[-1][1]
     assert state["n"] == 10 and state["initial"] == 6
-    assert "4.00it/s" in format_bar(dict(state, elapsed=1.0)), "the rate counts only the steps since the resume"
+    assert "4.00it/s" in format_bar(dict(state, elapsed=1.0)), "the rate counts only the steps since resuming"
 
 
 def test_jupyter_display_is_one_output_updated_in_place(monkeypatch):

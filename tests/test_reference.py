@@ -9,8 +9,12 @@ from helpers.reference import compare, load_reference
 
 
 def _write(tmp_path, **results):
-    ref = {"notebook": "nb", "parameters": {"processes": 2, "device": "cpu", "lr": 0.1},
-           "results": results, "measured": {"runs": {"a": {}, "b": {}, "c": {}}}}
+    ref = {
+        "notebook": "nb",
+        "parameters": {"processes": 2, "device": "cpu", "lr": 0.1},
+        "results": results,
+        "measured": {"runs": {"a": {}, "b": {}, "c": {}}},
+    }
     (tmp_path / "nb.json").write_text(json.dumps(ref))
     return tmp_path
 
@@ -19,11 +23,13 @@ PARAMS = {"processes": 2, "device": "cpu", "lr": 0.1}
 
 
 def test_within_tolerance_passes_and_prints_only_reference_values(tmp_path):
-    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02}, loss={"value": [2.0, 1.0, 0.5], "abs": 0.1})
+    refs = _write(
+        tmp_path, accuracy={"value": 0.97, "abs": 0.02}, loss={"value": [2.0, 1.0, 0.5], "abs": 0.1}
+    )
     a = compare("nb", PARAMS, {"accuracy": 0.958, "loss": [2.05, 0.95, 0.55]}, refs)
     b = compare("nb", PARAMS, {"accuracy": 0.981, "loss": [1.95, 1.0, 0.45]}, refs)
     assert a.compared and b.compared
-    assert a.text == b.text                      # nbval compares this text: it must not depend on the run
+    assert a.text == b.text  # nbval compares this text: it must not depend on the run
     assert "0.97" in a.text and "3-point curve" in a.text and "3 runs" in a.text, a.text
     assert a.measured == {"accuracy": 0.958, "loss": [2.05, 0.95, 0.55]}
 
@@ -36,7 +42,9 @@ def test_outside_tolerance_fails_with_the_numbers(tmp_path):
 
 def test_a_curve_that_stopped_learning_fails(tmp_path):
     refs = _write(tmp_path, loss={"value": [2.3, 1.0, 0.2], "abs": 0.15})
-    with pytest.raises(AssertionError, match="point 3 of the curve is 2.3, not within ±0.15 of the reference 0.2"):
+    with pytest.raises(
+        AssertionError, match="point 3 of the curve is 2.3, not within ±0.15 of the reference 0.2"
+    ):
         compare("nb", PARAMS, {"loss": [2.3, 2.3, 2.3]}, refs)
     with pytest.raises(AssertionError, match="a curve of 2 points is not the reference's 3-point curve"):
         compare("nb", PARAMS, {"loss": [2.3, 1.0]}, refs)
@@ -46,10 +54,13 @@ def test_per_point_tolerances_are_tight_where_runs_agree(tmp_path):
     """Late epochs vary less than early ones: a late drift fails even when it is small."""
     refs = _write(tmp_path, loss={"value": [2.3, 1.0, 0.2], "abs": [0.3, 0.1, 0.02]})
     assert compare("nb", PARAMS, {"loss": [2.55, 0.92, 0.21]}, refs).compared
-    with pytest.raises(AssertionError, match="point 3 of the curve is 0.25, not within ±0.02 of the reference 0.2"):
+    with pytest.raises(
+        AssertionError, match="point 3 of the curve is 0.25, not within ±0.02 of the reference 0.2"
+    ):
         compare("nb", PARAMS, {"loss": [2.3, 1.0, 0.25]}, refs)
-    (tmp_path / "nb.json").write_text(json.dumps({"parameters": PARAMS, "results": {
-        "loss": {"value": [1.0, 2.0], "abs": [0.1]}}}))
+    (tmp_path / "nb.json").write_text(
+        json.dumps({"parameters": PARAMS, "results": {"loss": {"value": [1.0, 2.0], "abs": [0.1]}}})
+    )
     with pytest.raises(ValueError, match="one number per point"):
         load_reference("nb", tmp_path)
 
@@ -63,8 +74,9 @@ def test_other_parameters_are_not_compared(tmp_path):
     # a tuple parameter equals the list JSON stored
     refs = tmp_path / "t"
     refs.mkdir()
-    (refs / "nb.json").write_text(json.dumps({"parameters": {"ratios": [1.0]},
-                                              "results": {"x": {"value": 1.0, "abs": 0.0}}}))
+    (refs / "nb.json").write_text(
+        json.dumps({"parameters": {"ratios": [1.0]}, "results": {"x": {"value": 1.0, "abs": 0.0}}})
+    )
     assert compare("nb", {"ratios": (1.0,)}, {"x": 1.0}, refs).compared
 
 
@@ -89,7 +101,8 @@ def test_every_notebook_has_a_reference_it_checks():
     from helpers.paths import NOTEBOOKS_DIR
 
     for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
-        source = "\n".join(c.source for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code")
+        cells = nbformat.read(str(path), as_version=4).cells
+        source = "\n".join(c.source for c in cells if c.cell_type == "code")
         assert f'check_against_reference("{path.stem}"' in source, f"{path.name} does not check its reference"
         ref = load_reference(path.stem)
         assert ref["results"], f"{path.stem}'s reference has no results"

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import gallery, report
+from helpers import compare, gallery, report
+from helpers.gallery_errors import USAGE_ERROR, GalleryError
 from tests.test_gallery import synthetic_run  # noqa: F401  (the shared session fixture)
 
 # --- compare (no kernel) ------------------------------------------------------------------------------
@@ -66,7 +67,8 @@ def _compare(tmp_path, after, *args) -> tuple[int, str]:
 
 
 def test_compare_same_within_tolerance(tmp_path):
-    status, out = _compare(tmp_path, _after(**{"01_mlp__test_accuracy": 0.965, "01_mlp__parity_max_abs_diff": 3e-8,
+    status, out = _compare(tmp_path, _after(**{"01_mlp__test_accuracy": 0.965,
+                                               "01_mlp__parity_max_abs_diff": 3e-8,
                                                "01_mlp__train_seconds": 90.0}))
     assert status == 0, out
     assert "0 regression(s)" in out and "train_seconds" not in out  # timings skipped by default
@@ -89,7 +91,8 @@ def test_compare_tolerances_directions_and_configuration(tmp_path):
     status, out = _compare(tmp_path, after)
     assert status == 1 and "widgets" in out and "direction unknown" in out
     assert "CHANGED (configuration or count)" in out  # processes / device: not regressions
-    status, out = _compare(tmp_path, after, "--tolerance", "test_accuracy=0.1", "--direction", "widgets=higher")
+    status, out = _compare(tmp_path, after, "--tolerance", "test_accuracy=0.1",
+                           "--direction", "widgets=higher")
     assert status == 0, out
     status, out = _compare(tmp_path, after, "--tolerance", "0.5", "--tolerance", "01_mlp:test_accuracy=0.01",
                            "--direction", "widgets=higher")
@@ -104,17 +107,20 @@ def test_compare_status_timings_and_baseline_json(tmp_path):
     baseline = tmp_path / "baseline.json"  # the short form: {notebook: {metric: value}}
     baseline.write_text(json.dumps({"02_det": {"map": 0.55}}))
     b = _summary(tmp_path, "b2", BEFORE)
-    assert report.run_compare(str(baseline), str(b)) == 1
-    assert report.run_compare(str(baseline), str(b), ["0.2"]) == 0
-    with pytest.raises(SystemExit, match="no such run folder"):
-        report.load_run(tmp_path / "nowhere")
+    assert compare.run_compare(str(baseline), str(b)) == 1
+    assert compare.run_compare(str(baseline), str(b), ["0.2"]) == 0
+    with pytest.raises(GalleryError, match="no such run folder"):
+        compare.load_run(tmp_path / "nowhere")
+    assert report.main(["--compare", str(tmp_path / "nowhere"), str(b)]) == USAGE_ERROR
+    assert report.main([str(tmp_path / "nowhere")]) == USAGE_ERROR
 
 
 def test_compare_real_run_with_itself_and_a_better_baseline(synthetic_run, tmp_path, capsys):  # noqa: F811
     run_dir = synthetic_run["run_dir"]
     assert gallery.main(["--compare", str(run_dir), str(run_dir)]) == 0
     baseline = tmp_path / "baseline.json"
-    baseline.write_text(json.dumps({"02_ok": {"score": 1.5}, "01_fails": {"status": "passed", "metrics": {}}}))
+    baseline.write_text(json.dumps({"02_ok": {"score": 1.5},
+                                    "01_fails": {"status": "passed", "metrics": {}}}))
     assert gallery.main(["--compare", str(baseline), str(run_dir)]) == 1
     out = capsys.readouterr().out
     assert "02_ok" in out and "score" in out and "the notebook now fails" in out
@@ -145,10 +151,11 @@ def _chromium() -> str:
         pytest.skip("chromium is not installed and installing it with apt-get needs root")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     start = time.perf_counter()
-    done = subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True)
+    install = ["apt-get", "install", "-y", "-q", "chromium"]
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-        done = subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"apt-get could not install chromium: {done.stderr[-500:]}")
     print(f"installed chromium in {time.perf_counter() - start:.0f} s")
@@ -320,12 +327,14 @@ def test_index_page_in_headless_chromium(browser, served):
         assert browser.load(page) == [], page  # the rendered notebooks load cleanly too
     failing = next(link for link in links if "#cell-id=" in link)
     browser.load(failing)
-    found = browser.evaluate("(() => { const el = document.getElementById(decodeURIComponent(location.hash.slice(1)));"
+    found = browser.evaluate("(() => { const el = document.getElementById("
+                             "decodeURIComponent(location.hash.slice(1)));"
                              " return el ? el.innerText : null; })()")
     assert found and "broken on purpose" in found, "the anchor is not the failing cell"
 
     browser.load(base + "index.html")
-    browser.call("Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False)
+    browser.call("Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1,
+                 mobile=False)
     shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
     (run_dir / "index-screenshot.png").write_bytes(shot)
     assert _png_size(shot) == (1400, 900) and len(shot) > 20_000, "the screenshot is empty"

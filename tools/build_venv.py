@@ -10,8 +10,9 @@ pip's own configuration (pip.conf and PIP_* variables: index-url, extra-index-ur
 constraint, cert, trusted-host) is passed on to uv, which does not read it: a machine that reaches its
 packages through a mirror or a local wheel folder works the same with both.
 
-    python tools/build_venv.py [--venv .venv] [--lock requirements.lock] [--editable .] [--installer auto|uv|pip]
-    python tools/build_venv.py --compile [--upgrade-package NAME ...]     # rewrite the lock from pyproject.toml
+    python tools/build_venv.py [--venv .venv] [--lock requirements.lock] [--editable .]
+                               [--installer auto|uv|pip]
+    python tools/build_venv.py --compile [--upgrade-package NAME ...]   # the lock, from pyproject.toml
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def pip_settings(python: str = sys.executable) -> dict[str, list[str]]:
     wanted = {"index-url", "extra-index-url", "find-links", "constraint", "cert", "trusted-host"}
     settings: dict[str, list[str]] = {}
     try:
-        out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [python, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return settings
     for line in out.splitlines():
@@ -69,17 +71,23 @@ def uv_arguments(settings: dict[str, list[str]]) -> tuple[list[str], dict[str, s
     if settings.get("cert"):
         env["SSL_CERT_FILE"] = settings["cert"][0]
     if len([a for a in args if a in ("--index-url", "--extra-index-url", "--find-links")]) > 1:
-        # pip takes the best version across all indexes; uv by default stops at the first that has the package.
+        # pip takes the best version across all indexes; uv by default stops at the first index that has
+        # the package.
         args += ["--index-strategy", "unsafe-best-match"]
     return args, env
 
 
 def ensure_pip(venv_python: Path) -> None:
-    """An environment made by `uv venv` (or `virtualenv --no-pip`) has no pip: add it from the standard library."""
-    has_pip = subprocess.run([str(venv_python), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    """An environment made by `uv venv` (or `virtualenv --no-pip`) has no pip: add the standard library's."""
+    has_pip = (
+        subprocess.run([str(venv_python), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    )
     if not has_pip:
-        subprocess.run([str(venv_python), "-m", "ensurepip", "--upgrade", "--default-pip"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(venv_python), "-m", "ensurepip", "--upgrade", "--default-pip"],
+            check=True,
+            capture_output=True,
+        )
 
 
 def find_uv(venv_python: Path) -> str | None:
@@ -94,8 +102,9 @@ def find_uv(venv_python: Path) -> str | None:
         ensure_pip(venv_python)
     except (OSError, subprocess.CalledProcessError):
         return None
-    result = subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "uv"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(venv_python), "-m", "pip", "install", "--quiet", "uv"], capture_output=True, text=True
+    )
     if result.returncode == 0 and local.exists():
         return str(local)
     return None
@@ -124,8 +133,21 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
         try:
             run([uv, "pip", "install", "--quiet", "--python", str(python), *args, "-r", str(lock)], env)
             if editable is not None:
-                run([uv, "pip", "install", "--quiet", "--python", str(python), *args, "--no-deps", "-e",
-                     str(editable)], env)
+                run(
+                    [
+                        uv,
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--python",
+                        str(python),
+                        *args,
+                        "--no-deps",
+                        "-e",
+                        str(editable),
+                    ],
+                    env,
+                )
             return "uv"
         except subprocess.CalledProcessError as e:
             if installer == "uv":
@@ -141,27 +163,45 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
 
 
 def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
-    """Rewrite the lock from pyproject.toml's dependencies and extras; existing pins are kept unless upgraded."""
+    """Rewrite the lock from pyproject.toml's dependencies and extras; pins are kept unless upgraded."""
     python = venv / "bin" / "python"
     uv = shutil.which("uv") or (str(python.parent / "uv") if (python.parent / "uv").exists() else None)
     if uv is None:
         raise SystemExit("`make lock` needs uv: `make venv` installs it into .venv, or `pip install uv`")
     settings = pip_settings()
-    settings.pop("constraint", None)   # a machine's own caps must not shape (or be named in) the shared lock
+    settings.pop("constraint", None)  # a machine's own caps must not shape (or be named in) the shared lock
     args, env = uv_arguments(settings)
-    cmd = [uv, "pip", "compile", "pyproject.toml", "--all-extras", "--python-version", "3.11",
-           "--constraint", LOCK_CONSTRAINTS.name, "--no-header", "--quiet", *args, "-o", str(lock)]
+    cmd = [
+        uv,
+        "pip",
+        "compile",
+        "pyproject.toml",
+        "--all-extras",
+        "--python-version",
+        "3.11",
+        "--constraint",
+        LOCK_CONSTRAINTS.name,
+        "--no-header",
+        "--quiet",
+        *args,
+        "-o",
+        str(lock),
+    ]
     for name in upgrade:
         cmd += ["--upgrade-package", name]
-    run(cmd, env, cwd=ROOT)   # relative paths, so the lock's "# via" notes name no machine's folders
+    run(cmd, env, cwd=ROOT)  # relative paths, so the lock's "# via" notes name no machine's folders
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--venv", default=str(ROOT / ".venv"))
     parser.add_argument("--lock", default=str(ROOT / "requirements.lock"))
     parser.add_argument("--editable", default=str(ROOT), help="a project to install editable ('' for none)")
-    parser.add_argument("--installer", choices=("auto", "uv", "pip"), default=os.environ.get("VENV_INSTALLER", "auto"))
+    parser.add_argument(
+        "--installer", choices=("auto", "uv", "pip"), default=os.environ.get("VENV_INSTALLER", "auto")
+    )
     parser.add_argument("--compile", action="store_true", help="rewrite the lock from pyproject.toml")
     parser.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
     args = parser.parse_args(argv)
@@ -169,9 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         compile_lock(Path(args.lock), args.upgrade_package, Path(args.venv))
         return 0
     start = time.perf_counter()
-    used = build(Path(args.venv), Path(args.lock), Path(args.editable) if args.editable else None, args.installer)
-    print(f"{args.venv}: installed {Path(args.lock).name} with {used} in {time.perf_counter() - start:.0f} s",
-          flush=True)
+    used = build(
+        Path(args.venv), Path(args.lock), Path(args.editable) if args.editable else None, args.installer
+    )
+    print(
+        f"{args.venv}: installed {Path(args.lock).name} with {used} in {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     return 0
 
 

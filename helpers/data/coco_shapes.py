@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 #: The classes: (name, RGB colour). Form and colour both differ, so either cue identifies the class.
 CATEGORIES: tuple[tuple[str, tuple[int, int, int]], ...] = (
@@ -85,8 +85,8 @@ def _shape_mask(kind: str, cx: float, cy: float, r: float, angle: float, size: i
         s = r * 0.85
         draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=255)
     elif kind == "triangle":
-        pts = [(cx + r * math.cos(angle + k * 2 * math.pi / 3), cy + r * math.sin(angle + k * 2 * math.pi / 3))
-               for k in range(3)]
+        pts = [(cx + r * math.cos(angle + k * 2 * math.pi / 3),
+                cy + r * math.sin(angle + k * 2 * math.pi / 3)) for k in range(3)]
         draw.polygon(pts, fill=255)
     elif kind == "cross":
         t = r * 0.32
@@ -132,8 +132,8 @@ def _write_split(folder: Path, json_path: Path, split: str, n_images: int, image
             placed.append(box)
             annotations.append({
                 "id": len(annotations) + 1, "image_id": index + 1, "category_id": cat + 1,
-                "bbox": [left, top, right - left, bottom - top], "area": int(np.count_nonzero(np.asarray(mask))),
-                "iscrowd": 0,
+                "bbox": [left, top, right - left, bottom - top],
+                "area": int(np.count_nonzero(np.asarray(mask))), "iscrowd": 0,
             })
         name = f"{split}_{index:05d}.png"
         canvas.save(folder / name, format="PNG", optimize=False, compress_level=6)
@@ -173,30 +173,23 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
             "format_version": _FORMAT_VERSION}
     root = Path(root) if root is not None else cache_dir("coco_shapes", f"seed{seed}-{image_size}px")
     result = CocoShapes(
-        root=root, train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
+        root=root,
+        train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
         val_images=root / "val", val_annotations=root / "annotations" / "instances_val.json",
         categories={i + 1: name for i, (name, _) in enumerate(CATEGORIES)},
     )
-    manifest = root / "manifest.json"
-    if manifest.is_file():
-        try:
-            if json.loads(manifest.read_text()) == args:
-                return result
-        except json.JSONDecodeError:
-            pass
-    # A stale or partial build: replace only what this builder writes.
-    manifest.unlink(missing_ok=True)
-    for part in (result.train_images, result.val_images, root / "annotations"):
-        if part.exists():
-            shutil.rmtree(part)
-    (root / "annotations").mkdir(parents=True, exist_ok=True)
     # One generator per split, so the validation set does not change when n_train does.
     train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     common = dict(image_size=image_size, max_objects=max_objects, min_size=min_size, max_size=max_size,
                   max_overlap=max_overlap)
-    _write_split(result.train_images, result.train_annotations, "train", n_train, rng=train_rng, **common)
-    _write_split(result.val_images, result.val_annotations, "val", n_val, rng=val_rng, **common)
-    manifest.write_text(json.dumps(args, indent=1, sort_keys=True))  # written last: marks a complete build
+
+    def write() -> None:
+        (root / "annotations").mkdir(parents=True, exist_ok=True)
+        _write_split(result.train_images, result.train_annotations, "train", n_train, rng=train_rng, **common)
+        _write_split(result.val_images, result.val_annotations, "val", n_val, rng=val_rng, **common)
+
+    # A stale or partial build: only what this builder writes is replaced.
+    reuse_or_build(root, args, [result.train_images, result.val_images, root / "annotations"], write)
     return result
 
 
@@ -224,7 +217,8 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
     try:
         coco = json.loads(annotations_json.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{annotations_json} is not valid JSON ({e}): export it again in COCO format.") from e
+        raise ValueError(
+            f"{annotations_json} is not valid JSON ({e}): export it again in COCO format.") from e
     missing_keys = [k for k in ("images", "annotations", "categories") if k not in coco]
     if missing_keys:
         raise ValueError(f"{annotations_json} has no {missing_keys} list(s): it is not a COCO instances file "
@@ -244,7 +238,8 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
         where = f"annotation id={ann.get('id')} (image_id={ann.get('image_id')})"
         image = images.get(ann.get("image_id"))
         if image is None:
-            raise ValueError(f"{where} in {annotations_json.name} refers to an image id the JSON does not list.")
+            raise ValueError(
+                f"{where} in {annotations_json.name} refers to an image id the JSON does not list.")
         if ann.get("category_id") not in categories:
             raise ValueError(f"{where} in {annotations_json.name} has category_id={ann.get('category_id')}, "
                              f"not one of the JSON's categories {sorted(categories)}.")

@@ -13,13 +13,13 @@ a model has to learn shapes: chance is 10 %, a small CNN reaches about 90 %.
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
            "Ankle boot")
@@ -49,12 +49,13 @@ def _garment(label: int, rng: np.random.Generator) -> np.ndarray:
         sleeve_end = {0: -0.2, 2: 0.5, 4: 0.6, 6: 0.45}[label] + rng.uniform(-0.1, 0.1)
         arm = (np.abs(xx) > 0.42 * w) & (np.abs(xx) < 0.42 * w + 0.25) & (yy >= -0.6) & (yy <= sleeve_end)
         if label == 0:  # short sleeves flare outwards
-            arm = (np.abs(xx) > 0.42 * w) & (np.abs(xx) < 0.42 * w + 0.3 + 0.5 * (yy + 0.6)) & (yy >= -0.6) & (
-                yy <= sleeve_end)
+            flare = 0.42 * w + 0.3 + 0.5 * (yy + 0.6)
+            arm = (np.abs(xx) > 0.42 * w) & (np.abs(xx) < flare) & (yy >= -0.6) & (yy <= sleeve_end)
         mask = (torso | arm).astype(np.float32)
         if label == 4:  # a coat: darker opening down the middle, pockets
             mask[np.abs(xx) < 0.05] *= 0.35
-            mask[_box(yy, xx, 0.35, 0.45, -0.35 * w, -0.15 * w) | _box(yy, xx, 0.35, 0.45, 0.15 * w, 0.35 * w)] *= 0.5
+            left_pocket = _box(yy, xx, 0.35, 0.45, -0.35 * w, -0.15 * w)
+            mask[left_pocket | _box(yy, xx, 0.35, 0.45, 0.15 * w, 0.35 * w)] *= 0.5
         if label == 6:  # a shirt: a collar notch and a button line
             mask[(yy < -0.35) & (np.abs(xx) < 0.25 - 0.6 * (yy + 0.6))] = 0.0
             mask[(np.abs(xx) < 0.03) & (yy > -0.35)] *= 0.5
@@ -122,7 +123,8 @@ def write_idx_labels(path: Path, labels: np.ndarray) -> None:
         f.write(np.ascontiguousarray(labels, dtype=np.uint8).tobytes())
 
 
-def build(root: str | Path | None = None, train_size: int = 6000, test_size: int = 1000, seed: int = 0) -> Path:
+def build(root: str | Path | None = None, train_size: int = 6000, test_size: int = 1000,
+          seed: int = 0) -> Path:
     """Write the data set under `root` (default: the cache) and return `root`, the folder to pass to
     `torchvision.datasets.FashionMNIST(root, download=False)`.
 
@@ -130,24 +132,18 @@ def build(root: str | Path | None = None, train_size: int = 6000, test_size: int
     """
     for name, value in (("train_size", train_size), ("test_size", test_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < len(CLASSES):
-            raise ValueError(f"{name}={value!r} must be a whole number >= {len(CLASSES)} (one image per class).")
+            raise ValueError(
+                f"{name}={value!r} must be a whole number >= {len(CLASSES)} (one image per class).")
     root = Path(root) if root is not None else cache_dir("fashion_idx")
     raw = root / "FashionMNIST" / "raw"
-    manifest = raw / "manifest.json"
     wanted = {"version": _VERSION, "train_size": train_size, "test_size": test_size, "seed": seed}
-    files = [raw / name for pair in _FILES.values() for name in pair]
-    if manifest.exists() and all(f.exists() for f in files):
-        try:
-            if json.loads(manifest.read_text()) == wanted:
-                return root
-        except ValueError:
-            pass
-    raw.mkdir(parents=True, exist_ok=True)
-    manifest.unlink(missing_ok=True)  # a half-written build is never mistaken for a complete one
-    for split, n, split_seed in (("train", train_size, seed), ("test", test_size, seed + 1_000_003)):
-        images, labels = make_images(n, split_seed)
-        image_file, label_file = _FILES[split]
-        write_idx_images(raw / image_file, images)
-        write_idx_labels(raw / label_file, labels)
-    manifest.write_text(json.dumps(wanted))
+
+    def write() -> None:
+        for split, n, split_seed in (("train", train_size, seed), ("test", test_size, seed + 1_000_003)):
+            images, labels = make_images(n, split_seed)
+            image_file, label_file = _FILES[split]
+            write_idx_images(raw / image_file, images)
+            write_idx_labels(raw / label_file, labels)
+
+    reuse_or_build(raw, wanted, [raw / name for pair in _FILES.values() for name in pair], write)
     return root

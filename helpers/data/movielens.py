@@ -27,7 +27,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 # The 18 genres of MovieLens (plus "(no genres listed)", which real files also use).
 GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama",
@@ -77,11 +78,22 @@ def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000,
         raise ValueError(f"need 0 < min_ratings ({min_ratings}) <= max_ratings ({max_ratings}) "
                          f"<= num_movies ({num_movies}).")
     out = Path(out_dir) if out_dir is not None else cache_dir("movielens", _digest(args)[:12])
-    out.mkdir(parents=True, exist_ok=True)
-    ratings_csv, movies_csv, manifest = out / "ratings.csv", out / "movies.csv", out / MANIFEST
-    if _read_json(manifest) == args and ratings_csv.is_file() and movies_csv.is_file():
-        return MovieLensFiles(ratings_csv, movies_csv, built=False)
+    ratings_csv, movies_csv = out / "ratings.csv", out / "movies.csv"
 
+    def write() -> None:
+        ratings, movies = _make_tables(num_users=num_users, num_movies=num_movies, min_ratings=min_ratings,
+                                       max_ratings=max_ratings, factors=factors, taste=taste,
+                                       popularity=popularity, seed=seed)
+        ratings.to_csv(ratings_csv, index=False)
+        movies.to_csv(movies_csv, index=False)
+
+    build = reuse_or_build(out, args, [ratings_csv, movies_csv], write, manifest=MANIFEST)
+    return MovieLensFiles(ratings_csv, movies_csv, built=not build.reused)
+
+
+def _make_tables(*, num_users: int, num_movies: int, min_ratings: int, max_ratings: int, factors: int,
+                 taste: float, popularity: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ratings and movies tables of `build_movielens` (its docstring says how they are made)."""
     rng = np.random.default_rng(seed)
     movie_factors = rng.standard_normal((num_movies, factors))
     user_factors = rng.standard_normal((num_users, factors))
@@ -121,12 +133,7 @@ def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000,
         rows.append(pd.DataFrame({"userId": u + 1, "movieId": movie_ids[chosen], "rating": stars,
                                   "timestamp": times}))
     ratings = pd.concat(rows, ignore_index=True).sort_values(["userId", "timestamp"], kind="stable")
-    movies = pd.DataFrame({"movieId": movie_ids, "title": titles, "genres": genres})
-
-    ratings.to_csv(ratings_csv, index=False)
-    movies.to_csv(movies_csv, index=False)
-    manifest.write_text(json.dumps(args, indent=1, sort_keys=True))
-    return MovieLensFiles(ratings_csv, movies_csv, built=True)
+    return ratings, pd.DataFrame({"movieId": movie_ids, "title": titles, "genres": genres})
 
 
 def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataFrame:
@@ -148,8 +155,8 @@ def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataF
     out["rating"] = rating.astype(np.float32)
     duplicated = out.duplicated(["userId", "movieId", "timestamp"])
     if duplicated.any():
-        raise MovieLensFormatError(f"{source} has {int(duplicated.sum())} duplicate (userId, movieId, timestamp) "
-                                   "rows: drop them first (ratings.drop_duplicates()).")
+        raise MovieLensFormatError(f"{source} has {int(duplicated.sum())} duplicate (userId, movieId, "
+                                   "timestamp) rows: drop them first (ratings.drop_duplicates()).")
     return out
 
 
@@ -179,13 +186,16 @@ def read_movielens(ratings_csv: str | Path, movies_csv: str | Path) -> tuple[pd.
     movies = validate_movies(pd.read_csv(movies_csv), str(movies_csv))
     unknown = ~ratings["movieId"].isin(movies["movieId"])
     if unknown.any():
+        examples = ratings.loc[unknown, "movieId"].head(3).tolist()
         raise MovieLensFormatError(f"{ratings_csv}: {int(unknown.sum())} ratings name movies absent from "
-                                   f"{movies_csv}, e.g. movieId {ratings.loc[unknown, 'movieId'].head(3).tolist()}.")
+                                   f"{movies_csv}, e.g. movieId {examples}.")
     return ratings, movies
 
 
-def split_by_time(ratings: pd.DataFrame, holdout: int = 3, min_train: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Hold out each user's `holdout` latest interactions (leave-future-out), keep the earlier ones for training.
+def split_by_time(ratings: pd.DataFrame, holdout: int = 3,
+                  min_train: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Hold out each user's `holdout` latest interactions (leave-future-out), keep the earlier ones for
+    training.
 
     Users with fewer than `holdout + min_train` interactions stay entirely in training (too little history
     to evaluate them fairly). Ties in time are broken by row order, so the split is deterministic.
@@ -234,13 +244,14 @@ def validate_for_mds(frame: pd.DataFrame, columns: dict[str, str]) -> None:
         values = frame[name]
         if kind in _NUMPY_FOR_ENCODING:
             if not (pd.api.types.is_integer_dtype(values) or pd.api.types.is_float_dtype(values)):
-                raise MovieLensFormatError(f"cannot write MDS: column {name!r} ({values.dtype}) is not numeric "
-                                           f"but its encoding is {encoding!r}.")
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} ({values.dtype}) is not "
+                                           f"numeric but its encoding is {encoding!r}.")
             if values.isna().any():
                 raise MovieLensFormatError(f"cannot write MDS: column {name!r} has missing values.")
             if kind.startswith(("int", "uint")) and not pd.api.types.is_integer_dtype(values):
-                raise MovieLensFormatError(f"cannot write MDS: column {name!r} holds {values.dtype} values but its "
-                                           f"encoding {encoding!r} is an integer type: convert it first.")
+                raise MovieLensFormatError(f"cannot write MDS: column {name!r} holds {values.dtype} values "
+                                           f"but its encoding {encoding!r} is an integer type: convert it "
+                                           "first.")
         elif kind == "ndarray":
             first = values.iloc[0] if len(values) else None
             if not isinstance(first, np.ndarray):
@@ -275,8 +286,8 @@ def write_mds(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str],
         ours = isinstance(manifest, dict) and "fingerprint" in manifest
         if not ours:
             raise FileExistsError(
-                f"{out} exists and was not written by write_mds (no {MANIFEST}): it may hold another data set. "
-                "Move or delete it yourself, or choose another output directory.")
+                f"{out} exists and was not written by write_mds (no {MANIFEST}): it may hold another data "
+                "set. Move or delete it yourself, or choose another output directory.")
         if existing == "reuse" and manifest["fingerprint"] == fingerprint and (out / "index.json").is_file():
             return _mds_info(out, reused=True, replaced=False)
         if existing == "error":

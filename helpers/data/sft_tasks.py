@@ -23,7 +23,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 TASKS = ("reverse", "sort", "add")
 ROLES = ("system", "user", "assistant")
@@ -90,28 +91,23 @@ def build_sft_tasks(task: str = "reverse", n_train: int = 4000, n_test: int = 20
         raise ValueError(f"lengths must satisfy 1 <= min_len <= max_len, got {min_len}, {max_len}")
     capacity = 100 * 100 if task == "add" else sum(26 ** n for n in range(min_len, max_len + 1))
     if n_train + n_test > capacity // 2:  # keep rejection sampling of distinct prompts fast
-        raise ValueError(f"{n_train + n_test} distinct {task!r} prompts asked for, but only {capacity} exist: "
-                         "lower n_train/n_test" + ("" if task == "add" else " or raise max_len") + ".")
+        raise ValueError(f"{n_train + n_test} distinct {task!r} prompts asked for, but only {capacity} "
+                         "exist: lower n_train/n_test" + ("" if task == "add" else " or raise max_len") + ".")
     args = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "min_len": min_len,
             "max_len": max_len, "version": _FORMAT_VERSION}
     key = hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:10]
     folder = Path(root) if root is not None else cache_dir("sft_tasks", f"{task}-{key}")
-    folder.mkdir(parents=True, exist_ok=True)
     paths = {"train": folder / "train.jsonl", "test": folder / "test.jsonl"}
-    manifest = folder / "manifest.json"
-    if manifest.exists() and all(p.exists() for p in paths.values()):
-        try:
-            if json.loads(manifest.read_text()) == args:
-                return paths
-        except json.JSONDecodeError:
-            pass
-    # The held-out prompts are drawn first, then excluded from training: no test question is memorised.
-    test = _generate(task, n_test, seed + 1_000_003, min_len, max_len)
-    train = _generate(task, n_train, seed, min_len, max_len,
-                      exclude={ex["messages"][0]["content"] for ex in test})
-    _write_jsonl(paths["train"], train)
-    _write_jsonl(paths["test"], test)
-    manifest.write_text(json.dumps(args, sort_keys=True))
+
+    def write() -> None:
+        # The held-out prompts are drawn first, then excluded from training: no test question is memorised.
+        test = _generate(task, n_test, seed + 1_000_003, min_len, max_len)
+        train = _generate(task, n_train, seed, min_len, max_len,
+                          exclude={ex["messages"][0]["content"] for ex in test})
+        _write_jsonl(paths["train"], train)
+        _write_jsonl(paths["test"], test)
+
+    reuse_or_build(folder, args, paths.values(), write)
     return paths
 
 
@@ -140,10 +136,12 @@ def validate_sft_jsonl(path: str | Path, require_answer: bool = True) -> list[di
                 raise ValueError(f"{where} is not valid JSON ({e.msg}). Each line must be one object like "
                                  f"{example}") from None
             if not isinstance(row, dict) or "messages" not in row:
-                raise ValueError(f"{where} has no 'messages' field. Each line must be an object like {example}")
+                raise ValueError(
+                    f"{where} has no 'messages' field. Each line must be an object like {example}")
             messages = row["messages"]
             if not isinstance(messages, list) or not messages:
-                raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+                raise ValueError(
+                    f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
             for i, m in enumerate(messages):
                 for field in ("role", "content"):
                     if not isinstance(m, dict) or field not in m:
@@ -157,8 +155,9 @@ def validate_sft_jsonl(path: str | Path, require_answer: bool = True) -> list[di
             if not any(m["role"] == "user" for m in messages):
                 raise ValueError(f"{where} has no user message: each conversation needs a user turn")
             if require_answer and messages[-1]["role"] != "assistant":
-                raise ValueError(f"{where}: the last message must be the assistant's reply (the reference answer "
-                                 f"for exact-match evaluation); it is a {messages[-1]['role']!r} message")
+                raise ValueError(f"{where}: the last message must be the assistant's reply (the reference "
+                                 "answer for exact-match evaluation); it is a "
+                                 f"{messages[-1]['role']!r} message")
             rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no conversations: it is empty")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers.data import cache_dir
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
 
 VOCAB_SIZE = 256  # byte-level tokens: token id == byte value
 # Test suites, installed packages, and the codec tables of `encodings` (machine-generated, not prose).
@@ -49,7 +49,8 @@ class TextCorpus:
 def stdlib_sources() -> list[Path]:
     """The standard library's .py files (its test suites and installed packages left out), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(root).parts))]
+    files = [p for p in root.rglob("*.py")
+             if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(root).parts))]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -65,8 +66,9 @@ def _user_sources(text_path: str | Path) -> list[Path]:
             raise ValueError(f"text_path={str(text_path)!r} is an empty folder: put text files in it, "
                              "or pass the path of one text file.")
         return files
-    raise FileNotFoundError(f"text_path={str(text_path)!r} does not exist: pass a text file, a folder of text "
-                            "files, or None for the built-in corpus (the Python standard library's source).")
+    raise FileNotFoundError(f"text_path={str(text_path)!r} does not exist: pass a text file, a folder of "
+                            "text files, or None for the built-in corpus (the Python standard library's "
+                            "source).")
 
 
 def _fingerprint(files: list[Path]) -> list[list[Any]]:
@@ -90,41 +92,35 @@ def build_text_corpus(text_path: str | Path | None = None, *, seed: int = 0, max
     files = stdlib_sources() if text_path is None else _user_sources(text_path)
     args = {"source": "python-stdlib" if text_path is None else str(Path(text_path).expanduser().resolve()),
             "seed": seed, "max_bytes": max_bytes, "val_fraction": val_fraction, "files": _fingerprint(files)}
+    total = min(max_bytes, sum(size for _, size, _ in args["files"]))
+    if total < MIN_BYTES:
+        raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are "
+                         "needed for a train/validation split. Point text_path at more text.")
     key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(root) if root is not None else cache_dir("text_corpus", key)
-    manifest_path = out / "manifest.json"
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("args") == args and (out / "train.bin").exists() and (out / "val.bin").exists():
-            return TextCorpus(out / "train.bin", out / "val.bin", manifest)
+    train_path, val_path = out / "train.bin", out / "val.bin"
 
-    order = list(files)
-    random.Random(seed).shuffle(order)
-    chosen, chunks, total = [], [], 0
-    for path in order:
-        if total >= max_bytes:
-            break
-        data = path.read_bytes()[: max_bytes - total]
-        if data:
-            chosen.append(str(path))
-            chunks.append(data)
-            total += len(data)
-    if total < MIN_BYTES:
-        raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are needed "
-                         "for a train/validation split. Point text_path at more text.")
-    corpus = b"".join(chunks)
-    cut = int(len(corpus) * (1 - val_fraction))
-    out.mkdir(parents=True, exist_ok=True)
-    for name, part in (("train.bin", corpus[:cut]), ("val.bin", corpus[cut:])):
-        tmp = out / f"{name}.tmp"
-        tmp.write_bytes(part)
-        os.replace(tmp, out / name)
-    manifest = {"args": args, "files": chosen, "train_bytes": cut, "val_bytes": len(corpus) - cut,
-                "vocab_size": VOCAB_SIZE, "sha256": hashlib.sha256(corpus).hexdigest()}
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, manifest_path)  # written last: a build interrupted before this point is rebuilt
-    return TextCorpus(out / "train.bin", out / "val.bin", manifest)
+    def write() -> dict[str, Any]:
+        order = list(files)
+        random.Random(seed).shuffle(order)
+        chosen, chunks, total = [], [], 0
+        for path in order:
+            if total >= max_bytes:
+                break
+            data = path.read_bytes()[: max_bytes - total]
+            if data:
+                chosen.append(str(path))
+                chunks.append(data)
+                total += len(data)
+        corpus = b"".join(chunks)
+        cut = int(len(corpus) * (1 - val_fraction))
+        train_path.write_bytes(corpus[:cut])
+        val_path.write_bytes(corpus[cut:])
+        return {"files": chosen, "train_bytes": cut, "val_bytes": len(corpus) - cut, "vocab_size": VOCAB_SIZE,
+                "sha256": hashlib.sha256(corpus).hexdigest()}
+
+    build = reuse_or_build(out, args, [train_path, val_path], write)
+    return TextCorpus(train_path, val_path, build.manifest)
 
 
 def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:

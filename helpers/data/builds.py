@@ -1,0 +1,68 @@
+"""Reuse a cached build when its manifest matches, else rebuild it so that no half build is ever reused.
+
+Every builder of helpers.data writes its files into a folder (the git-ignored cache by default) and
+calls `reuse_or_build` with its arguments. The manifest is the mark of a complete build: it holds the
+arguments (and whatever the builder adds), it is deleted before anything is rewritten, and it is written
+last, atomically. A build interrupted half way therefore has no manifest and is rebuilt next time; a
+manifest that cannot be read counts as none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Build:
+    manifest: dict[str, Any]  # {"args": the build arguments, ...what the builder added}
+    reused: bool  # True: an identical build was already there
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at `path`, or None when it is missing, half written or not a manifest."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "args" in data else None
+
+
+def reuse_or_build(folder: str | Path, args: dict[str, Any], outputs: Iterable[Path],
+                   build: Callable[[], dict[str, Any] | None], *, manifest: str = MANIFEST) -> Build:
+    """Reuse the build in `folder` if its manifest holds `args` and every output exists; else rebuild it.
+
+    Rebuilding deletes the manifest, then the outputs (files or folders: a stale part never mixes with
+    new ones; nothing else in `folder` is touched), calls `build()` to write them, and writes the
+    manifest last with `args` and the dict `build()` returns. `args` must be JSON data.
+    """
+    folder = Path(folder)
+    outputs = list(outputs)
+    path = folder / manifest
+    found = read_manifest(path)
+    if found is not None and found["args"] == _as_json(args) and all(p.exists() for p in outputs):
+        return Build(found, reused=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    for output in outputs:
+        if output.is_dir():
+            shutil.rmtree(output)
+        else:
+            output.unlink(missing_ok=True)
+    record = {"args": args, **(build() or {})}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return Build(record, reused=False)
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as it reads back from JSON (tuples become lists), so it compares with a stored manifest."""
+    return json.loads(json.dumps(value))

@@ -1,0 +1,197 @@
+"""The local backend: every rank a process of this machine, started by torch elastic.
+
+Built on torch's own elastic launcher (`torch.distributed.launcher.api.elastic_launch`): it gives the
+workers the standard environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
+`MASTER_ADDR`, `MASTER_PORT`) so DDP, FSDP, DeepSpeed, Lightning, accelerate and Streaming work
+inside unchanged, restarts the group on failure (`max_restarts`) and stops every rank when one dies.
+What this module adds is what a notebook needs on top of it:
+
+* the payload travels through a file, so large arguments never block a pipe;
+* workers come from a forkserver that has torch pre-loaded: nothing is forked from a kernel that may
+  have touched CUDA, and a re-run starts in a fraction of torchrun's time;
+* an interrupt (kernel stop) stops the workers and gives the kernel its signal handlers back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from helpers.launch import _compat, local_worker
+from helpers.launch.errors import RankExit, RankFailedError, job_failure
+from helpers.launch.options import LOCAL, LaunchOptions, launch_progress_view, plan_launch, plan_threads
+from helpers.launch.payload import Payload, serialise_call
+from helpers.progress import watch_progress_dir
+
+_HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+_forkserver_ready = False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now, so two launches (or two kernels) never share a rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def prepare_forkserver(start_now: bool = False) -> None:
+    """Ask the forkserver to import torch (through the worker module) once, before its first fork.
+
+    With start_now, the server process starts at once and imports torch while the notebook goes on
+    (the decorator calls this), so the first launch a few cells later finds it warm.
+    """
+    global _forkserver_ready
+    if not _forkserver_ready:
+        # Spinning OpenMP threads steal the cores of the other ranks on a CPU launch; libgomp reads this
+        # once, when the forkserver imports torch, so it is set before the server starts.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # Only torch by default: every extra module delays the first launch by its import time (torch._dynamo
+        # ~0.7 s, DCP ~0.3 s), which is what a cold launch pays. Notebooks that launch many times with FSDP,
+        # DeepSpeed or Lightning (which import dynamo lazily in every rank) can add them: HELPERS_PRELOAD=
+        # "torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
+        extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
+        multiprocessing.get_context("forkserver").set_forkserver_preload([local_worker.__name__, *extra])
+        _forkserver_ready = True
+    if start_now:
+        with contextlib.suppress(Exception):  # a failure here only costs the head start
+            _compat.start_forkserver()
+
+
+@contextlib.contextmanager
+def _kernel_signal_handlers_kept() -> Iterator[None]:
+    """torch elastic installs its own SIGINT/SIGTERM handlers and never puts the old ones back."""
+    saved = {}
+    if multiprocessing.current_process().name == "MainProcess":
+        for name in _HANDLED_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                with contextlib.suppress(ValueError):
+                    saved[sig] = signal.getsignal(sig)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _main_module_not_rerun() -> Iterator[None]:
+    """Keep multiprocessing from re-running a script's __main__ in every worker.
+
+    The function already travels by value (cloudpickle), so the workers need nothing from __main__;
+    without this, `python train.py` would execute train.py again in each rank, launch included.
+    A notebook's __main__ has no file, so this changes nothing there.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    for k in saved:
+        if k == "__spec__":
+            main.__spec__ = None
+        else:
+            del main.__dict__[k]
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+@contextlib.contextmanager
+def _quiet_elastic_logs(verbose: bool) -> Iterator[None]:
+    """The agent logs every failure at length; the launch re-raises it in a shorter, more useful form."""
+    if verbose:
+        yield
+        return
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _rank_exit(error: Any) -> RankExit:
+    """What torch elastic knows of the first rank that failed (a ChildFailedError)."""
+    rank, first = error.get_first_failure()
+    exitcode = first.exitcode if first is not None else None
+    signal_name = first.signal_name() if exitcode is not None and exitcode < 0 else None
+    return RankExit(rank=rank, exitcode=exitcode, signal_name=signal_name)
+
+
+def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
+           options: LaunchOptions | None = None, verbose: bool = False) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on every rank of this machine; each rank's return value, in rank order."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    options = options or LaunchOptions()
+    plan = plan_launch(options, target=LOCAL)
+    threads = plan_threads(options, plan, target=LOCAL)
+    view = launch_progress_view(options)
+    call = serialise_call(fn, args, kwargs or {})  # fails here, before any process
+    payload = Payload.capture(call, backend=plan.backend, device=plan.device, threads=threads,
+                              progress=view is not None)
+
+    run_dir = Path(tempfile.mkdtemp(prefix="helpers-launch-"))
+    log_root = Path(options.log_dir) if options.log_dir is not None else run_dir / "logs"
+    payload_path = run_dir / "payload.pkl"
+    payload_path.write_bytes(payload.to_bytes())
+    if options.start_method == "forkserver":
+        prepare_forkserver()
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=plan.processes,
+        run_id=f"helpers-{uuid.uuid4().hex[:12]}",
+        # One machine: a static rendezvous over a c10d TCPStore on a fresh loopback port. The dynamic
+        # c10d rendezvous would add a random 0-0.3 s join delay to every launch, meant for many nodes.
+        rdzv_backend="static", rdzv_endpoint=f"{options.master_addr}:{free_port(options.master_addr)}",
+        rdzv_configs={"rank": 0, "timeout": 60}, local_addr=options.master_addr,
+        max_restarts=options.max_restarts, monitor_interval=0.05, start_method=options.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_root), redirects=Std.ALL, tee=Std.ALL),
+        log_line_prefix_template=options.prefix,
+        shutdown_timeout=int(max(1, options.stop_timeout)),
+    )
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    try:
+        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun(), \
+                watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
+            try:
+                elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir))
+            except ChildFailedError as e:
+                raise job_failure(local_worker.read_failures(run_dir), plan.processes, _rank_exit(e),
+                                  logs="see the rank's output above") from None
+            except _compat.signal_exception_type() as e:
+                if getattr(e, "sigval", None) == signal.SIGINT:
+                    raise KeyboardInterrupt("interrupted: every worker process was stopped") from None
+                raise
+        results = []
+        for rank in range(plan.processes):
+            path = local_worker.result_path(run_dir, rank)
+            if not path.exists():
+                raise RankFailedError(f"rank {rank} finished without storing a return value", rank=rank,
+                                      world_size=plan.processes)
+            results.append(cloudpickle.loads(path.read_bytes()))
+        return results
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        shutil.rmtree(run_dir, ignore_errors=True)

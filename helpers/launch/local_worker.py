@@ -1,0 +1,86 @@
+"""The code that runs inside every worker process the local launcher starts.
+
+Kept apart from the launcher so that the forkserver can pre-load it (and torch with it) once per
+kernel: a warm launch then forks a process that already has torch imported instead of paying for the
+import again. The entry point takes only file paths, so the multiprocessing pickle never sees the
+user's function: that goes through cloudpickle, which handles functions and classes defined in a
+notebook cell.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
+
+from helpers.launch import _compat
+from helpers.launch.errors import RankFailure
+from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_result
+
+# Variables the elastic agent sets for each worker; the driver's copies (if any) must not replace them.
+ELASTIC_KEYS = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+})
+ELASTIC_PREFIXES = ("TORCHELASTIC_",)
+PROGRESS_FOLDER = "progress"  # under the launch folder: rank 0's bar states (helpers.progress)
+
+
+def result_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"result-{rank}.pkl"
+
+
+def failure_path(run_dir: str | Path, rank: int, attempt: int) -> Path:
+    return Path(run_dir) / f"error-{rank}-attempt{attempt}.pkl"
+
+
+def read_failures(run_dir: str | Path) -> list[RankFailure]:
+    """Every failure the ranks of this launch recorded, all attempts; unreadable files are skipped."""
+    records = (RankFailure.from_bytes(path.read_bytes()) for path in Path(run_dir).glob("error-*.pkl"))
+    return [r for r in records if r is not None]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def run(payload_path: str, run_dir: str) -> None:
+    """Entry point of a worker: load the function, run it, store its return value or its exception."""
+    for stream in (sys.stdout, sys.stderr):
+        try:  # stdout goes to a file the launcher tails: flush every line so it shows up live
+            stream.reconfigure(line_buffering=True)
+        except AttributeError:
+            pass
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    try:
+        _run(payload_path, run_dir, rank, attempt)
+    finally:
+        # multiprocessing ends its children with os._exit(), which skips atexit handlers; libraries rely
+        # on them to free resources (MosaicML Streaming unlinks its /dev/shm segments there). Run them now,
+        # as a torchrun worker's normal interpreter exit would.
+        _compat.run_exit_handlers()
+
+
+def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
+    try:
+        payload = Payload.from_bytes(Path(payload_path).read_bytes())
+        payload.apply(same_machine=True, worker_keys=ELASTIC_KEYS, worker_prefixes=ELASTIC_PREFIXES,
+                      progress_dir=Path(run_dir) / PROGRESS_FOLDER)
+        _compat.prefix_store_keys_by_attempt(attempt)
+        fn, args, kwargs = payload.load_call()
+        result = fn(*args, **kwargs)
+        _atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
+    except BaseException as exc:
+        try:
+            record = RankFailure.capture(exc, rank, attempt)
+            _atomic_write(failure_path(run_dir, rank, attempt), record.to_bytes())
+        except Exception:  # a full disk must not hide the rank's own exception
+            pass
+        raise
+    destroy_leftover_process_group()

@@ -1,0 +1,149 @@
+"""What travels from the launching process to every rank, and how a rank puts it to use.
+
+The same in both backends: the caller serialises the call (function and arguments) once with
+cloudpickle, so a function, closure or class defined in a notebook cell travels by value, and an
+argument that cannot travel is named before any process starts. Around it, a `Payload` carries what
+the rank needs to behave as if it ran in the caller (environment, import path, working directory) and
+the launch's decisions (torch backend, device, threads, whether rank 0's bars are drawn). A rank calls
+`Payload.apply` before it unpickles the call, so modules found through the caller's import path load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from helpers.context import BACKEND_ENV
+from helpers.launch.options import LaunchError
+from helpers.progress import ENV_DIR, ENV_SWITCH
+
+_PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open "
+               "files, locks, sockets, process groups or CUDA objects inside the function.")
+
+
+def serialise_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bytes:
+    """cloudpickle `(fn, args, kwargs)`, or raise a LaunchError naming what cannot travel."""
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as e:
+        parts = [("the function", fn), *((f"argument {i}", a) for i, a in enumerate(args)),
+                 *((f"argument {k!r}", v) for k, v in kwargs.items())]
+        for name, value in parts:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as inner:
+                raise LaunchError(f"{name} ({type(value).__name__}) cannot be sent to the worker processes: "
+                                  f"{inner}. {_PLAIN_DATA}") from inner
+        raise LaunchError(f"the launch payload cannot be serialised: {e}") from e
+
+
+def serialise_result(fn: Any, rank: int, result: Any) -> bytes:
+    """cloudpickle a rank's return value, or say what to return instead."""
+    try:
+        return cloudpickle.dumps(result)
+    except Exception as e:
+        raise TypeError(
+            f"the return value of {getattr(fn, '__name__', fn)!r} on rank {rank} cannot be serialised "
+            f"({type(e).__name__}: {e}). Return plain Python values, numpy arrays or CPU tensors "
+            "(call .cpu() / .item()), not open files, locks, process groups or CUDA handles."
+        ) from e
+
+
+@dataclass(frozen=True)
+class Payload:
+    call: bytes  # serialise_call's bytes: unpickled in the rank only after `apply`
+    backend: str  # torch.distributed backend the rank should use (worker_context().backend)
+    device: str  # "cuda" (one GPU per rank, by LOCAL_RANK) or "cpu"
+    threads: int | None  # torch threads per rank; None leaves the worker's default
+    progress: bool  # the caller draws rank 0's bars
+    env: dict[str, str]  # the caller's environment at launch time
+    sys_path: tuple[str, ...]
+    cwd: str
+
+    @classmethod
+    def capture(cls, call: bytes, *, backend: str, device: str, threads: int | None,
+                progress: bool) -> Payload:
+        """The payload for this launch, with the caller's environment, import path and folder as they are
+        now."""
+        return cls(call=call, backend=backend, device=device, threads=threads, progress=progress,
+                   env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd())
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Payload:
+        payload = pickle.loads(data)
+        if not isinstance(payload, Payload):
+            raise TypeError(f"not a launch payload: {type(payload).__name__}")
+        return payload
+
+    def apply(self, *, same_machine: bool, worker_keys: Collection[str],
+              worker_prefixes: tuple[str, ...] = (), progress_dir: str | Path | None = None) -> None:
+        """Make this rank see what the caller sees, then set the rank up as the launch decided.
+
+        `worker_keys` / `worker_prefixes` name the variables the backend sets per rank (RANK, MASTER_PORT...):
+        the caller's copies never replace them. The rest depends on where the rank runs:
+
+        * `same_machine=True` (the local backend): the caller's values win and its import path replaces
+          the rank's. The rank was forked from a forkserver holding a snapshot of this machine taken when
+          it started, possibly many cells ago; what the notebook set since must reach the rank.
+        * `same_machine=False` (Ray, possibly another node): the node's own values stay (its PATH, HOME,
+          library and site-packages paths are right for it); the caller's fill in what the node lacks,
+          and the caller's import path entries missing here go in front of the rank's own.
+
+        `progress_dir` is where rank 0 writes its bar states when the caller draws them through files;
+        otherwise bars go through the Ray relay (if any) or, when nobody draws them, are switched off
+        so that rank 0 never falls back to tqdm in its log.
+        """
+        import torch
+
+        for key, value in self.env.items():
+            if key in worker_keys or key.startswith(worker_prefixes):
+                continue
+            if same_machine:
+                os.environ[key] = value
+            else:
+                os.environ.setdefault(key, value)
+        if same_machine:
+            sys.path[:] = self.sys_path
+        else:
+            for path in reversed(self.sys_path):
+                if path not in sys.path:
+                    sys.path.insert(1, path)
+        with contextlib.suppress(OSError):
+            os.chdir(self.cwd)
+        # The kernel's inline matplotlib backend means nothing in a worker; plots belong on the driver.
+        os.environ["MPLBACKEND"] = "Agg"
+        os.environ[BACKEND_ENV] = self.backend
+        if self.progress and progress_dir is not None:
+            os.environ[ENV_DIR] = str(progress_dir)
+        else:
+            os.environ.pop(ENV_DIR, None)
+            if not self.progress:
+                os.environ[ENV_SWITCH] = "off"
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        if self.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+    def load_call(self) -> tuple[Callable[..., Any], tuple, dict[str, Any]]:
+        fn, args, kwargs = cloudpickle.loads(self.call)
+        return fn, args, kwargs
+
+
+def destroy_leftover_process_group() -> None:
+    """After the function returned: a process group it forgot to destroy must not warn at the next launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()

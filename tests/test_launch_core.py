@@ -1,0 +1,220 @@
+"""The shared core of helpers.launch, without starting a process: the validator, the payload, the
+failure records and rebuilt exceptions, and the one-way imports between the package's modules."""
+
+from __future__ import annotations
+
+import ast
+import errno
+import os
+import pickle
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from helpers import LaunchError, LaunchOptions, LaunchPlan, RankError, RankFailedError, plan_launch
+from helpers.launch import errors, options, payload
+from helpers.launch.errors import RankExit, RankFailure, rebuild_exception, root_cause
+from helpers.launch.options import LOCAL, RAY, check_options, plan_threads
+
+LAUNCH = Path(options.__file__).parent
+
+
+# ------------------------------------------------------------------------------------------ options
+
+
+def test_the_machine_facts_are_arguments():
+    assert plan_launch(LaunchOptions(), gpus=8) == LaunchPlan(8, "cuda", "nccl")
+    assert plan_launch(LaunchOptions(), gpus=0) == LaunchPlan(2, "cpu", "gloo")
+    assert plan_launch(LaunchOptions(device="cpu", processes=3), gpus=8) == LaunchPlan(3, "cpu", "gloo")
+    plan = plan_launch(LaunchOptions(processes=2, device="cpu"))
+    assert plan_threads(LaunchOptions(), plan, cpus=16) == 8
+    assert plan_threads(LaunchOptions(), plan, cpus=1) == 1
+    assert plan_threads(LaunchOptions(threads_per_process=3), plan, cpus=16) == 3
+    gpu_plan = plan_launch(LaunchOptions(), gpus=2)
+    assert plan_threads(LaunchOptions(), gpu_plan) is None, "GPU ranks keep their own threads"
+
+
+def test_thread_override_from_the_environment(monkeypatch):
+    plan = plan_launch(LaunchOptions(processes=2, device="cpu"))
+    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "5")
+    assert plan_threads(LaunchOptions(), plan, cpus=16) == 5
+    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "none")
+    with pytest.raises(LaunchError, match="HELPERS_THREADS_PER_PROCESS='none'"):
+        plan_threads(LaunchOptions(), plan, cpus=16)
+
+
+def test_backend_differences_are_explicit():
+    check_options(LaunchOptions(backend="mpi"), LOCAL)
+    with pytest.raises(LaunchError, match="backend='mpi': Ray Train workers use 'nccl'"):
+        check_options(LaunchOptions(backend="mpi", cluster="ray"), RAY)
+    with pytest.raises(LaunchError, match="backend='tcp' is not a torch.distributed backend"):
+        check_options(LaunchOptions(backend="tcp"), LOCAL)
+    with pytest.raises(LaunchError, match="the Ray cluster has 1 GPU"):
+        plan_launch(LaunchOptions(processes=2, cluster="ray"), gpus=1, target=RAY)
+    plan = plan_launch(LaunchOptions(device="cpu", cluster="ray"), target=RAY)
+    assert plan_threads(LaunchOptions(cluster="ray"), plan, target=RAY, cpus=16) is None, "Ray sets them"
+
+
+@pytest.mark.parametrize("changes, fix", [
+    ({"threads_per_process": 0}, "threads_per_process=0"),
+    ({"max_restarts": 1.5}, "max_restarts"),
+    ({"progress": "yes"}, "progress='yes'"),
+    ({"device": "tpu"}, "device='tpu'"),
+    ({"cluster": 3}, "cluster=3"),
+])
+def test_every_option_is_checked_in_one_place(changes, fix):
+    with pytest.raises(LaunchError, match=fix):
+        check_options(LaunchOptions(**changes))
+
+
+# ------------------------------------------------------------------------------------------ payload
+
+
+def test_the_culprit_is_named():
+    with pytest.raises(LaunchError, match=r"argument 'lock' \(lock\) cannot be sent"):
+        payload.serialise_call(print, (1,), {"lock": threading.Lock()})
+    with pytest.raises(LaunchError, match=r"the function \(function\) cannot be sent"):
+        lock = threading.Lock()
+        payload.serialise_call(lambda: lock, (), {})
+
+
+@pytest.fixture
+def environ_restored():
+    """Payload.apply changes this process's environment as a rank's: every variable is put back after."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> None:
+    for key in ("GALLERY_PAYLOAD_NEW", "HELPERS_PROGRESS", "HELPERS_PROGRESS_DIR"):
+        os.environ.pop(key, None)
+    os.environ.update(GALLERY_PAYLOAD_OLD="the worker's", RANK="1")
+    monkeypatch.setattr(sys, "path", ["", "/worker/site-packages"])
+    monkeypatch.chdir(tmp_path)
+    p = payload.Payload(call=payload.serialise_call(len, ("abc",), {}), backend="gloo", device="cpu",
+                        threads=None, progress=False, env=env, sys_path=("", "/driver/notebooks"),
+                        cwd=str(tmp_path))
+    p = payload.Payload.from_bytes(p.to_bytes())
+    p.apply(same_machine=same_machine, worker_keys={"RANK"})
+    fn, args, kwargs = p.load_call()
+    assert fn(*args, **kwargs) == 3
+    assert os.environ["RANK"] == "1", "a per-worker variable is never replaced"
+    assert os.environ["HELPERS_DIST_BACKEND"] == "gloo" and os.environ["MPLBACKEND"] == "Agg"
+    assert os.environ["HELPERS_PROGRESS"] == "off", "nobody draws the bars: off in the rank"
+
+
+def test_same_machine_the_callers_values_win(monkeypatch, tmp_path, environ_restored):
+    env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
+    _apply(monkeypatch, tmp_path, True, env)
+    assert os.environ["GALLERY_PAYLOAD_OLD"] == "the driver's"
+    assert sys.path == ["", "/driver/notebooks"]
+
+
+def test_another_machine_keeps_its_own_values(monkeypatch, tmp_path, environ_restored):
+    env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
+    _apply(monkeypatch, tmp_path, False, env)
+    assert os.environ["GALLERY_PAYLOAD_OLD"] == "the worker's" and os.environ["GALLERY_PAYLOAD_NEW"] == "set"
+    assert sys.path == ["", "/driver/notebooks", "/worker/site-packages"]
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def _failure(exc: BaseException, rank: int = 1, attempt: int = 0, at: float = 0.0) -> RankFailure:
+    try:
+        raise exc
+    except BaseException as raised:
+        failure = RankFailure.capture(raised, rank, attempt)
+    return RankFailure(**{**failure.__dict__, "time": at}) if at else failure
+
+
+def test_root_cause_is_the_earliest_real_failure_of_the_last_attempt():
+    first_try = _failure(ValueError("attempt 0"), rank=0, attempt=0, at=1.0)
+    peer = _failure(RuntimeError("broken pipe"), rank=0, attempt=1, at=3.0)
+    cause = _failure(ValueError("bad batch"), rank=1, attempt=1, at=2.0)
+    stopped = _failure(KeyboardInterrupt(), rank=2, attempt=1, at=1.5)
+    assert root_cause([first_try, peer, cause, stopped]) is cause
+    assert root_cause([stopped]) is stopped, "an interrupt counts when nothing else was raised"
+    assert root_cause([]) is None
+
+
+class CustomError(Exception):
+    def __init__(self, code, detail):  # two required arguments: no `type(e)(message)` rebuild
+        super().__init__(code, detail)
+        self.code = code
+
+
+def test_rebuilt_exception_keeps_type_attributes_and_rank():
+    exc = rebuild_exception(_failure(CustomError(7, "detail"), rank=1), world_size=2)
+    assert isinstance(exc, CustomError) and isinstance(exc, RankError)
+    assert type(exc).__name__ == "CustomError", "a notebook shows the original's name"
+    assert exc.code == 7 and exc.args == (7, "detail")
+    assert (exc.rank, exc.world_size) == (1, 2) and "in _failure" in exc.remote_traceback
+    assert str(exc).startswith("rank 1 of 2 raised CustomError: (7, 'detail')")
+    assert any("raised on rank 1 of 2" in note for note in exc.__notes__)
+    oserror = rebuild_exception(_failure(FileNotFoundError(errno.ENOENT, "no file", "/x")), 2)
+    assert isinstance(oserror, FileNotFoundError)
+    assert (oserror.errno, oserror.filename) == (errno.ENOENT, "/x")
+    again = pickle.loads(pickle.dumps(exc))
+    assert isinstance(again, CustomError) and again.code == 7 and again.rank == 1 and str(again) == str(exc)
+
+
+def test_interrupts_stay_outside_except_exception():
+    exc = rebuild_exception(_failure(KeyboardInterrupt()), 2)
+    assert isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Exception) and exc.rank == 1
+
+
+class Final(type):
+    def __new__(mcls, name, bases, ns):
+        if any(isinstance(b, Final) for b in bases):
+            raise TypeError("final class")
+        return super().__new__(mcls, name, bases, ns)
+
+
+class NoSubclasses(Exception, metaclass=Final):
+    pass
+
+
+def test_a_class_that_refuses_subclasses_keeps_its_type_and_gets_the_message_as_a_note():
+    exc = rebuild_exception(_failure(NoSubclasses("x")), 2)
+    assert type(exc) is NoSubclasses and exc.rank == 1
+    assert any(note.startswith("rank 1 of 2 raised NoSubclasses: x") for note in exc.__notes__)
+
+
+def test_an_exception_that_did_not_travel_and_a_killed_rank():
+    unpicklable = RankFailure(rank=0, attempt=0, time=0.0, type_name="Weird", message="m", traceback="tb")
+    exc = rebuild_exception(unpicklable, 2)
+    assert isinstance(exc, RankFailedError) and "rank 0 of 2 raised Weird: m" in str(exc)
+    killed = errors.job_failure([], 2, RankExit(rank=1, exitcode=-9, signal_name="SIGKILL"), logs="see above")
+    assert isinstance(killed, RankFailedError) and isinstance(killed, RankError)
+    assert (killed.rank, killed.exitcode) == (1, -9) and "killed by signal SIGKILL" in str(killed)
+    assert RankFailure.from_bytes(b"not a record") is None
+
+
+# -------------------------------------------------------------------------------------- the imports
+
+
+LAYERS = {"_compat": 0, "errors": 0, "options": 0, "payload": 1, "local_worker": 2, "local": 3, "ray": 3,
+          "__init__": 4}
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse((LAUNCH / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers.launch"):
+            parts = node.module.split(".")
+            found.update([parts[2]] if len(parts) > 2 else [a.name for a in node.names])
+    return found - {module}
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_imports_run_one_way(module):
+    """__init__ -> local / ray -> the core (payload -> options, errors, _compat); never back up."""
+    assert {p.stem for p in LAUNCH.glob("*.py")} == set(LAYERS), "a new module needs a layer here"
+    upward = {m for m in _imports(module) if LAYERS[m] >= LAYERS[module]}
+    assert not upward, f"{module} imports {upward}, which sit at its level or above"

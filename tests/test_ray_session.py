@@ -1,0 +1,30 @@
+"""A private Ray instance leaves no process behind, even one that renamed itself and lost its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from helpers.launch import ray as ray_backend
+
+# A stand-in for a Ray worker: its command line does not name the instance's folder (Ray workers rename
+# themselves "ray::TrainController"), but its output goes to a log file there, as a Ray worker's does.
+WORKER = "import os, time; log = open(os.environ['LOG'], 'w'); print('ready', flush=True); time.sleep(120)"
+
+
+def test_a_renamed_worker_of_the_instance_is_found_and_stopped(tmp_path):
+    folder = tmp_path / "ray-instance"
+    (folder / "logs").mkdir(parents=True)
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, LOG=str(folder / "logs" / "worker.out")))
+    try:
+        assert worker.stdout.readline() == "ready\n"
+        assert worker.pid in ray_backend._ray_processes(str(folder))
+        assert worker.pid not in ray_backend._ray_processes(str(tmp_path / "another-instance"))
+        ray_backend._wait_for_ray_processes(str(folder), timeout=0.5)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
