@@ -338,3 +338,44 @@ def test_restarted_group_reinitialises_its_process_group_and_reports_the_last_fa
     assert collective.distributed([0]) == [(1, 2.0), (1, 2.0)]
     with pytest.raises(RuntimeError, match="attempt 1 failed"):
         collective.distributed([0, 1])
+
+
+def test_ranks_end_when_the_launching_process_dies(tmp_path):
+    """A kernel killed outright (SIGKILL: no handler runs) must not leave its ranks running."""
+    script = tmp_path / "launch_and_wait.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from helpers import distributed
+
+        @distributed(processes=2, device="cpu")
+        def linger():
+            Path({str(tmp_path)!r}, f"rank{{os.environ['RANK']}}.pid").write_text(str(os.getpid()))
+            time.sleep(300)
+
+        linger.distributed()
+    """))
+    launcher = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in pid_files) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(p.exists() for p in pid_files), "the ranks never started"
+    ranks = [int(p.read_text()) for p in pid_files]
+    launcher.kill()
+    launcher.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"   # a zombie has ended
+
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in ranks if alive(pid)]
+    for pid in left:   # do not leave them behind even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks {left} outlived the process that launched them"

@@ -175,7 +175,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
         with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun(), \
                 watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
             try:
-                elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir))
+                elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir), os.getpid())
             except ChildFailedError as e:
                 raise job_failure(local_worker.read_failures(run_dir), plan.processes, _rank_exit(e),
                                   logs="see the rank's output above") from None

@@ -49,8 +49,34 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def run(payload_path: str, run_dir: str) -> None:
+def _exit_with(launcher_pid: int, interval: float = 1.0) -> None:
+    """End this rank when the process that launched it is gone.
+
+    The elastic agent lives in the launching process (a notebook kernel) and stops its ranks when the kernel
+    stops them, or when a rank fails. A kernel that dies outright (killed, out of memory, a restart that does
+    not wait) takes the agent with it, and nothing would stop ranks that block in a collective or train on:
+    they would hold their CPUs, GPUs and ports until the machine reboots. This daemon thread notices.
+    """
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            try:
+                os.kill(launcher_pid, 0)   # signal 0: only asks whether the process exists
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:        # it exists (another user's process under a reused pid at worst)
+                pass
+
+    threading.Thread(target=watch, name="helpers-launcher-watch", daemon=True).start()
+
+
+def run(payload_path: str, run_dir: str, launcher_pid: int | None = None) -> None:
     """Entry point of a worker: load the function, run it, store its return value or its exception."""
+    if launcher_pid is not None:
+        _exit_with(launcher_pid)
     for stream in (sys.stdout, sys.stderr):
         try:  # stdout goes to a file the launcher tails: flush every line so it shows up live
             stream.reconfigure(line_buffering=True)
