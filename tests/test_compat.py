@@ -83,3 +83,20 @@ def test_no_other_module_of_the_package_uses_a_private_name(tmp_path):
         sample = tmp_path / "scattered.py"
         sample.write_text(line + "\n")
         assert _private_uses(sample), f"the scan misses {line!r}"
+
+
+def test_raylet_notices_are_dropped_and_worker_lines_kept(capsys):
+    import ray._private.worker as ray_worker
+
+    from helpers.launch import _compat
+
+    notice = {"pid": "raylet", "lines": ["A worker died or was killed ... Worker IP address: 10.0.0.7"],
+              "is_err": False, "ip": "10.0.0.7", "job": "01", "actor_name": "", "task_name": ""}
+    line = dict(notice, pid=1234, lines=["rank 1: simulated crash"])
+    with _compat.ray_raylet_notices_dropped():
+        ray_worker.print_to_stdstream(notice, ignore_prefix=True)
+        ray_worker.print_to_stdstream(line, ignore_prefix=True)
+    out = capsys.readouterr().out
+    assert "A worker died" not in out and "rank 1: simulated crash" in out
+    ray_worker.print_to_stdstream(notice, ignore_prefix=True)   # outside the block: Ray's own behaviour
+    assert "A worker died" in capsys.readouterr().out

@@ -146,6 +146,9 @@ RAY_AUTH_CONFIG = PrivateAPI("ray", "ray._raylet", "Config.initialize", RAY)
 RAY_AUTH_TOKEN_LOADER = PrivateAPI("ray", "ray._raylet", "AuthenticationTokenLoader.instance", RAY)
 # Keep a private instance's files under a short /tmp folder (Ray's socket paths must stay short).
 RAY_TEMP_DIR = PrivateAPI("ray", "ray._private.worker", "_temp_dir", RAY, kind="text")
+# The driver prints the raylet's notices (a worker died, with its ids and address) through this function;
+# ray_session(raylet_notices=False) wraps it to drop those, and nothing else.
+RAY_PRINT_TO_STDSTREAM = PrivateAPI("ray", "ray._private.worker", "print_to_stdstream", RAY)
 # Ray's internal switches, set for the duration of a launch (Ray Train passes them on to its workers):
 # {variable: (value, the module that reads it, why)}.
 _RAY_SWITCHES = {
@@ -168,7 +171,7 @@ RAY_QUIET_ENV = {name: value for name, (value, _, _) in _RAY_SWITCHES.items()} |
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     RENDEZVOUS_HANDLERS, AGENT_STORE_IN_USE, SIGNAL_EXCEPTION, RUN_EXIT_FUNCS, FORKSERVER_ENSURE_RUNNING,
     RAY_ORIGINAL_PRINT, RAY_ADDRESS_AND_PORT, RAY_TORCH_ENV_VARS, RAY_TORCH_BACKEND, RAY_AUTH_CONFIG,
-    RAY_AUTH_TOKEN_LOADER, RAY_TEMP_DIR, *RAY_QUIET_SWITCHES,
+    RAY_AUTH_TOKEN_LOADER, RAY_TEMP_DIR, RAY_PRINT_TO_STDSTREAM, *RAY_QUIET_SWITCHES,
 )
 
 
@@ -179,6 +182,28 @@ def ray_original_print() -> Callable[..., None]:
 def ray_init_with_temp_dir(ray: Any, temp_dir: str, **kwargs: Any) -> None:
     """`ray.init(**kwargs)` for a new local instance whose files go under `temp_dir`."""
     ray.init(**{resolve(RAY_TEMP_DIR): temp_dir}, **kwargs)
+
+
+@contextlib.contextmanager
+def ray_raylet_notices_dropped() -> Iterator[None]:
+    """Drop what the raylet reports to the driver ("A worker died or was killed ...") while inside.
+
+    Worker output is printed by another path and is unaffected. The raylet's notice names worker, node and
+    job ids and the node's IP address; a lesson that kills a worker on purpose says what happened instead.
+    """
+    import ray._private.worker as ray_worker
+
+    original = resolve(RAY_PRINT_TO_STDSTREAM)
+
+    def without_raylet(data: Any, *args: Any, **kwargs: Any) -> None:
+        if data.get("pid") != "raylet":
+            original(data, *args, **kwargs)
+
+    ray_worker.print_to_stdstream = without_raylet
+    try:
+        yield
+    finally:
+        ray_worker.print_to_stdstream = original
 
 
 def refresh_ray_auth() -> None:

@@ -239,7 +239,8 @@ def _take_datasets(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, An
 
 @contextlib.contextmanager
 def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool = False,
-                log_to_driver: bool = False) -> Iterator[Any]:
+                log_to_driver: bool = False, worker_log_level: str = "ERROR",
+                raylet_notices: bool = True) -> Iterator[Any]:
     """Be connected to Ray for the duration of the block, and leave things as they were afterwards.
 
     An existing `ray.init()` is used as is. `cluster="ray"` otherwise starts a private local instance:
@@ -249,6 +250,9 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     workers print, as Ray does by default (the launcher forwards it itself, with rank prefixes). Any
     other value is passed to `ray.init(address=...)` ("auto", "ray://host:10001", "host:6379") and
     disconnected on exit. `num_cpus` raises a private instance's CPUs above the usable ones.
+    `worker_log_level` is what Ray's libraries log in the workers ("CRITICAL" keeps even the error report
+    of a worker whose peer was killed on purpose out of the cell; a failed run still raises on the driver),
+    and `raylet_notices=False` drops the raylet's reports of dead workers, which name ids and addresses.
     """
     import ray
 
@@ -260,7 +264,8 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         # without the dashboard, Ray Train's placement-group cleaner warns every second that the state API
         # is down
         quiet = {"logging_level": logging.WARNING, "log_to_driver": log_to_driver,
-                 "logging_config": ray.LoggingConfig(log_level="ERROR")}
+                 "logging_config": ray.LoggingConfig(log_level=worker_log_level)}
+    notices = contextlib.nullcontext() if raylet_notices else _compat.ray_raylet_notices_dropped()
     if cluster != "ray" or os.environ.get("RAY_ADDRESS"):
         address = None if cluster == "ray" else cluster
         try:
@@ -272,7 +277,8 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
                 "private local instance."
             ) from e
         try:
-            yield ray
+            with notices:
+                yield ray
         finally:
             ray.shutdown()
         return
@@ -288,7 +294,8 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
                 _compat.refresh_ray_auth()
             _compat.ray_init_with_temp_dir(ray, temp_dir, num_cpus=cpus, include_dashboard=False, **quiet)
             try:
-                yield ray
+                with notices:
+                    yield ray
             finally:
                 ray.shutdown()
                 _wait_for_ray_processes(temp_dir)
