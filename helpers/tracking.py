@@ -161,6 +161,17 @@ def _experiment_id(client, name: str, uri: str) -> str:
         return experiment.experiment_id
 
 
+def create_experiment(name: str, uri: str | None = None) -> str:
+    """The id of experiment `name` in the store at `uri` (resolved as everywhere here), created if missing.
+
+    For a notebook whose own logger (Lightning's MLFlowLogger, mlflow.start_run) writes the run that
+    `record_metrics(..., mlflow_run_id=...)` then completes: created here, once, on the driver, so ranks do
+    not race to create the store, and with a SQLite store's artifacts next to its database.
+    """
+    uri = resolve_tracking_uri(uri)
+    return _experiment_id(client_for(uri), name, uri)
+
+
 def _number(value: Any) -> float | None:
     if hasattr(value, "item") and callable(value.item):
         with contextlib.suppress(Exception):
