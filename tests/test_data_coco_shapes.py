@@ -131,3 +131,23 @@ def test_box_outside_image_and_unknown_category(tmp_path, built):
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="must fit inside the image"):
         build_coco_shapes(tmp_path, image_size=32, max_size=40)
+
+
+def test_coco_sized_jpegs(tmp_path):
+    """The stand-in for COCO itself: 640 x 480 JPEGs, read by the same loader, boxes inside the images."""
+    import json
+
+    from PIL import Image
+
+    shapes = build_coco_shapes(tmp_path / "coco", n_train=3, n_val=1, image_size=640, image_height=480,
+                               image_format="jpg", min_size=40, max_size=200)
+    files = sorted(shapes.train_images.iterdir())
+    assert [f.suffix for f in files] == [".jpg"] * 3 and Image.open(files[0]).size == (640, 480)
+    coco = json.loads(shapes.train_annotations.read_text())
+    assert {(i["width"], i["height"]) for i in coco["images"]} == {(640, 480)}
+    for a in coco["annotations"]:
+        x, y, w, h = a["bbox"]
+        assert 0 <= x and x + w <= 640 and 0 <= y and y + h <= 480
+    assert check_coco_detection(shapes.train_images, shapes.train_annotations)["images"] == 3
+    with pytest.raises(ValueError, match="image_format='tiff'"):
+        build_coco_shapes(tmp_path / "bad", image_format="tiff")

@@ -55,29 +55,30 @@ class CocoShapes:
     categories: dict[int, str]
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """A muted texture: smooth blotches plus faint stripes and pixel noise, never a flat colour."""
-    coarse = rng.uniform(0, 1, size=(size // 16 + 2, size // 16 + 2, 3))
+    cells = max(width, height) // 16 + 2
+    coarse = rng.uniform(0, 1, size=(cells, cells, 3))
     # Bilinear up-sampling of a coarse grid gives smooth blotches without scipy.
-    grid = np.linspace(0, coarse.shape[0] - 1.001, size)
-    i0 = grid.astype(int)
-    f = (grid - i0)[:, None]
-    rows = coarse[i0] * (1 - f)[:, :, None] + coarse[i0 + 1] * f[:, :, None]
-    blotches = rows[:, i0] * (1 - f.T)[:, :, None] + rows[:, i0 + 1] * f.T[:, :, None]
+    ys, xs = (np.linspace(0, cells - 1.001, n) for n in (height, width))
+    iy, ix = ys.astype(int), xs.astype(int)
+    fy, fx = (ys - iy)[:, None, None], (xs - ix)[None, :, None]
+    rows = coarse[iy] * (1 - fy) + coarse[iy + 1] * fy
+    blotches = rows[:, ix] * (1 - fx) + rows[:, ix + 1] * fx
     angle = rng.uniform(0, math.pi)
     period = rng.uniform(6, 14)
-    yy, xx = np.mgrid[0:size, 0:size]
+    yy, xx = np.mgrid[0:height, 0:width]
     stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period)[:, :, None]
     base = rng.uniform(90, 170)
-    image = base + 45 * (blotches - 0.5) + 12 * stripes + rng.normal(0, 6, size=(size, size, 3))
+    image = base + 45 * (blotches - 0.5) + 12 * stripes + rng.normal(0, 6, size=(height, width, 3))
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
-def _shape_mask(kind: str, cx: float, cy: float, r: float, angle: float, size: int):
+def _shape_mask(kind: str, cx: float, cy: float, r: float, angle: float, size: tuple[int, int]):
     """A binary PIL mask of one shape (`r` is its half-extent); its bounding box is the COCO box."""
     from PIL import Image, ImageDraw
 
-    mask = Image.new("L", (size, size), 0)
+    mask = Image.new("L", size, 0)
     draw = ImageDraw.Draw(mask)
     if kind == "circle":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=255)
@@ -106,26 +107,28 @@ def _covered(a: tuple[float, float, float, float], b: tuple[float, float, float,
 
 
 def _write_split(folder: Path, json_path: Path, split: str, n_images: int, image_size: int,
-                 max_objects: int, min_size: int, max_size: int, max_overlap: float,
-                 rng: np.random.Generator) -> None:
+                 image_height: int, image_format: str, max_objects: int, min_size: int, max_size: int,
+                 max_overlap: float, rng: np.random.Generator) -> None:
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in range(n_images):
-        canvas = Image.fromarray(_background(rng, image_size))
+        canvas = Image.fromarray(_background(rng, image_size, image_height))
         placed: list[tuple[float, float, float, float]] = []
         for _ in range(int(rng.integers(1, max_objects + 1))):
             for _attempt in range(20):  # rejection sampling: some overlap, never hidden objects
                 cat = int(rng.integers(len(CATEGORIES)))
                 r = float(rng.uniform(min_size, max_size)) / 2
-                cx, cy = (float(v) for v in rng.uniform(r + 1, image_size - r - 1, size=2))
+                cx = float(rng.uniform(r + 1, image_size - r - 1))
+                cy = float(rng.uniform(r + 1, image_height - r - 1))
                 box = (cx - r, cy - r, cx + r, cy + r)
                 if all(_covered(box, other) <= max_overlap for other in placed):
                     break
             else:
                 continue
-            mask = _shape_mask(CATEGORIES[cat][0], cx, cy, r, float(rng.uniform(0, 2 * math.pi)), image_size)
+            mask = _shape_mask(CATEGORIES[cat][0], cx, cy, r, float(rng.uniform(0, 2 * math.pi)),
+                               (image_size, image_height))
             left, top, right, bottom = mask.getbbox()  # exact pixel extent of what was drawn
             colour = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in CATEGORIES[cat][1])
             canvas.paste(Image.new("RGB", canvas.size, colour), mask=mask)
@@ -135,9 +138,12 @@ def _write_split(folder: Path, json_path: Path, split: str, n_images: int, image
                 "bbox": [left, top, right - left, bottom - top],
                 "area": int(np.count_nonzero(np.asarray(mask))), "iscrowd": 0,
             })
-        name = f"{split}_{index:05d}.png"
-        canvas.save(folder / name, format="PNG", optimize=False, compress_level=6)
-        images.append({"id": index + 1, "file_name": name, "width": image_size, "height": image_size})
+        name = f"{split}_{index:05d}.{image_format}"
+        if image_format == "png":
+            canvas.save(folder / name, format="PNG", optimize=False, compress_level=6)
+        else:   # COCO's own images are JPEGs
+            canvas.save(folder / name, format="JPEG", quality=90)
+        images.append({"id": index + 1, "file_name": name, "width": image_size, "height": image_height})
     coco = {
         "info": {"description": f"coco_shapes {split} split (helpers.data.coco_shapes)", "version": "1"},
         "licenses": [],
@@ -150,28 +156,37 @@ def _write_split(folder: Path, json_path: Path, split: str, n_images: int, image
 
 
 def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_val: int = 64,
-                      image_size: int = 96, max_objects: int = 4, min_size: int = 16, max_size: int = 40,
-                      max_overlap: float = 0.3, seed: int = 0) -> CocoShapes:
+                      image_size: int = 96, image_height: int | None = None, image_format: str = "png",
+                      max_objects: int = 4, min_size: int = 16, max_size: int = 40, max_overlap: float = 0.3,
+                      seed: int = 0) -> CocoShapes:
     """Write (or reuse) the shapes data set under `root` and say where its parts are.
 
     Layout, the one COCO uses: `train/`, `val/` image folders and `annotations/instances_{train,val}.json`.
     Boxes are `[x, y, width, height]` in pixels, the exact extent of the drawn shape; category ids start at 1.
     `max_overlap` is the largest share of the smaller of two objects' boxes that they may have in common, so
-    objects overlap but are never hidden.
+    objects overlap but are never hidden. `image_size` is the width, `image_height` the height (None: square;
+    640 x 480 is COCO's usual shape), `image_format` "png" or "jpg" (COCO's own).
     Same arguments, same bytes; a folder already holding this exact build is reused, a different one is
     replaced (only inside `root`, which defaults to the git-ignored data cache).
     """
     if n_train < 1 or n_val < 1:
         raise ValueError(f"n_train={n_train} and n_val={n_val} must both be at least 1.")
-    if not (4 <= min_size <= max_size <= image_size - 4):
-        raise ValueError(f"need 4 <= min_size ({min_size}) <= max_size ({max_size}) <= image_size - 4 "
-                         f"({image_size - 4}): the shapes must fit inside the image.")
+    image_height = image_size if image_height is None else image_height
+    if not (4 <= min_size <= max_size <= min(image_size, image_height) - 4):
+        raise ValueError(f"need 4 <= min_size ({min_size}) <= max_size ({max_size}) <= the image's shorter "
+                         f"side - 4 ({min(image_size, image_height) - 4}): the shapes must fit inside.")
+    if image_format not in ("png", "jpg"):
+        raise ValueError(f"image_format={image_format!r}: use 'png' or 'jpg'.")
     if max_objects < 1:
         raise ValueError(f"max_objects={max_objects} must be at least 1.")
     args = {"n_train": n_train, "n_val": n_val, "image_size": image_size, "max_objects": max_objects,
+            **({"image_height": image_height, "image_format": image_format}   # older builds stay valid
+               if (image_height, image_format) != (image_size, "png") else {}),
             "min_size": min_size, "max_size": max_size, "max_overlap": max_overlap, "seed": seed,
             "format_version": _FORMAT_VERSION}
-    root = Path(root) if root is not None else cache_dir("coco_shapes", f"seed{seed}-{image_size}px")
+    shape = f"{image_size}px" if image_height == image_size else f"{image_size}x{image_height}px"
+    root = Path(root) if root is not None else cache_dir("coco_shapes", f"seed{seed}-{shape}-{image_format}"
+                                                          if image_format != "png" else f"seed{seed}-{shape}")
     result = CocoShapes(
         root=root,
         train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
@@ -180,8 +195,8 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
     )
     # One generator per split, so the validation set does not change when n_train does.
     train_rng, val_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    common = dict(image_size=image_size, max_objects=max_objects, min_size=min_size, max_size=max_size,
-                  max_overlap=max_overlap)
+    common = dict(image_size=image_size, image_height=image_height, image_format=image_format,
+                  max_objects=max_objects, min_size=min_size, max_size=max_size, max_overlap=max_overlap)
 
     def write() -> None:
         (root / "annotations").mkdir(parents=True, exist_ok=True)
