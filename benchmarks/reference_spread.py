@@ -134,7 +134,7 @@ def tolerances(
     machine does; on one machine they move results less than another machine's kernels do (notebook 02's
     mAP@0.5 moved by 0.037 between two machines), hence `arith_factor` (4) times their largest deviation. Seed
     variants also change the data, the initial weights and the order: an upper bound of what noise can do,
-    taken once (`seed_factor` 1). The floor, 1% of the value plus 0.1% of the curve's largest value, keeps a
+    taken once (`seed_factor` 1). The floor, 1% of the value plus 1% of the curve's largest value, keeps a
     tolerance
     from being zero where every run agreed to the last digit.
     """
@@ -156,7 +156,7 @@ def tolerances(
                 max(
                     arith_factor * max((d[i] for d in arith), default=0.0),
                     seed_factor * max((d[i] for d in seeds), default=0.0),
-                    0.01 * abs(v) + 0.001 * scale,
+                    0.01 * abs(v) + 0.01 * scale,
                     1e-9,
                 )
             )
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     "rule": "abs tolerance (for curves, point by point) = the largest of "
                     f"{args.arith_factor:g} x the "
                     "largest deviation from the native run of an instruction-set or thread variant, "
-                    f"{args.seed_factor:g} x that of a seed variant, and 1% of the value plus 0.1% of the "
+                    f"{args.seed_factor:g} x that of a seed variant, and 1% of the value plus 1% of the "
                     "curve's largest value; rounded up to 2 significant digits",
                     "variants": {
                         v: {"environment": variant_setup(v)[0], "parameters": variant_setup(v)[1]}
