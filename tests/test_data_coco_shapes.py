@@ -129,7 +129,7 @@ def test_box_outside_image_and_unknown_category(tmp_path, built):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="must fit inside the image"):
+    with pytest.raises(ValueError, match="the shapes must fit inside"):
         build_coco_shapes(tmp_path, image_size=32, max_size=40)
 
 
