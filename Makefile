@@ -17,7 +17,7 @@ ARGS ?=
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run test unit nbval notebooks bench lint venv clean-venv lock
+.PHONY: run test mutation unit nbval notebooks bench lint venv clean-venv lock
 
 venv: $(STAMP)
 
@@ -38,7 +38,11 @@ run: $(STAMP)
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
 test: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) tests notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
+
+## mutation: the slow half of tests/test_check_mutations.py (each check fails on the bug it names)
+mutation: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m mutation tests/test_check_mutations.py $(ARGS)
 
 unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)

@@ -14,9 +14,20 @@ from tests.conftest import stream_text
 pytestmark = pytest.mark.notebook
 
 
-def test_one_process(run_notebook):
-    # The default data set, shards and MLflow store: built by the nbval run, reused here.
+def test_one_process_one_mlflow_run(run_notebook, tmp_path, monkeypatch):
+    """One process, tracking on through the environment: Lightning's logger and record_metrics, one run."""
+    import mlflow
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("GALLERY_TRACKING", "on")
+    monkeypatch.setenv("GALLERY_TRACKING_URI", store)
     nb, metrics = run_notebook("03_lightning_two_tower_mds", processes=1, epochs=2, max_steps=10)
+    client = mlflow.tracking.MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("03_lightning_two_tower_mds").experiment_id])
+    assert len(runs) == 1, f"{len(runs)} MLflow runs for one notebook run"
+    assert runs[0].data.metrics["recall_at_10"] == pytest.approx(metrics["recall_at_10"])
+    # Lightning's logger wrote the per-epoch validation recall into the same run
+    assert len(client.get_metric_history(runs[0].info.run_id, "val_recall_at_10")) == 2
     assert metrics["processes"] == 1
     assert 0 <= metrics["recall_at_10"] <= 1
     out = stream_text(nb)
@@ -32,9 +43,13 @@ def test_bad_ratings_fail_before_any_mds(run_notebook, tmp_path):
     from helpers.data.movielens import build_movielens
 
     good = build_movielens(tmp_path / "ml", num_users=30, num_movies=40, min_ratings=10, max_ratings=20)
-    bad = tmp_path / "ratings.csv"
-    bad.write_text(good.ratings_csv.read_text().replace("userId,", "user,", 1))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "ratings.csv").write_text(good.ratings_csv.read_text().replace("userId,", "user,", 1))
+    (bad / "movies.csv").write_text(good.movies_csv.read_text())
     with pytest.raises(PapermillExecutionError, match=r"missing column\(s\) \['userId'\]"):
-        run_notebook("03_lightning_two_tower_mds", ratings_csv=str(bad), movies_csv=str(good.movies_csv),
-                     data_dir=str(tmp_path / "mds"))
+        run_notebook("03_lightning_two_tower_mds", data_dir=str(bad), mds_dir=str(tmp_path / "mds"))
     assert not (tmp_path / "mds").exists()
+    with pytest.raises(PapermillExecutionError, match=r"has no movies.csv"):
+        (bad / "movies.csv").unlink()
+        run_notebook("03_lightning_two_tower_mds", data_dir=str(bad), mds_dir=str(tmp_path / "mds"))

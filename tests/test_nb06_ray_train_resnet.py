@@ -12,15 +12,18 @@ import pytest
 pytestmark = pytest.mark.notebook
 
 
-def test_no_failure_user_data_and_tracking_store(run_notebook, tmp_path):
+def test_no_failure_user_data_and_tracking_store(run_notebook, tmp_path, monkeypatch):
     import mlflow
 
     from helpers.data import fashion_idx
 
     data_dir = fashion_idx.build(tmp_path / "fashion", train_size=2000, test_size=500, seed=7)
     store = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("GALLERY_TRACKING", "on")
+    monkeypatch.setenv("GALLERY_TRACKING_URI", store)   # the environment, as the gallery runner sets it
     nb, metrics = run_notebook("06_ray_train_resnet", fail_at_epoch=None, epochs=2, data_dir=str(data_dir),
-                               test_size=500, tracking_uri=store, max_steps=6)
+                               test_size=500, storage_path=str(tmp_path / "ray-storage"), max_steps=6)
+    assert (tmp_path / "ray-storage" / "training").is_dir()   # Ray Train kept the run where it was told
     assert metrics["recovered_from_failure"] is False
     assert 0 <= metrics["test_accuracy"] <= 1
     runs = mlflow.tracking.MlflowClient(store).search_runs(

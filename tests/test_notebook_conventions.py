@@ -28,3 +28,31 @@ def test_papermill_reads_every_parameter(path, caplog):
 def test_step_cap_parameter(path):
     """Every notebook takes `max_steps` (None by default: the stored run is the full run)."""
     assert notebook_parameters(path).get("max_steps", "missing") is None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_shared_parameter_names(path):
+    """Parameters of the same kind have the same name everywhere: every notebook trains on GPUs when there are
+    some, so each takes `precision` ("auto" by default); the input data folder, where there is one, is
+    `data_dir`, and outputs are never called that."""
+    params = notebook_parameters(path)
+    assert params.get("precision", "missing") == "auto", "every notebook takes precision='auto'"
+    for name in params:
+        if name.endswith("_csv") or name == "ratings_path":
+            pytest.fail(f"{name}: a notebook reads its input from data_dir (a folder), not a file parameter")
+    assert "mds_dir" not in params or "data_dir" in params
+
+
+def test_the_rules_above_can_fail(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('processes = 2\nratings_csv = None\nmax_steps = None\n')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    path = tmp_path / "99_x.ipynb"
+    nbformat.write(nb, str(path))
+    with pytest.raises(AssertionError, match="precision"):
+        test_shared_parameter_names(path)
+    cell.source += 'precision = "auto"\n'
+    nbformat.write(nb, str(path))
+    with pytest.raises(pytest.fail.Exception, match="ratings_csv"):
+        test_shared_parameter_names(path)

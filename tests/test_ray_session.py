@@ -28,3 +28,26 @@ def test_a_renamed_worker_of_the_instance_is_found_and_stopped(tmp_path):
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_ray_data_logging_config_quiets_info_and_keeps_errors(tmp_path, capsys):
+    """The config ray_session hands Ray Data: read as Ray Data reads it, INFO is dropped, errors still show."""
+    import logging
+    import logging.config
+
+    import yaml
+
+    path = ray_backend._ray_data_logging_config(str(tmp_path), "ERROR")
+    config = yaml.safe_load(open(path))   # how ray.data._internal.logging loads RAY_DATA_LOGGING_CONFIG
+    logging.config.dictConfig(config)
+    logger = logging.getLogger("ray.data._internal.execution.streaming_executor")
+    try:
+        logger.info("Starting execution of Dataset train_0. Full logs are in /tmp/ray-x/logs/ray-data")
+        logger.error("a real failure")
+        err = capsys.readouterr().err
+        assert "Starting execution" not in err
+        assert "a real failure" in err
+    finally:
+        logging.getLogger("ray.data").handlers.clear()
+        logging.getLogger("ray.data").propagate = True
+        logging.getLogger("ray.data").setLevel(logging.NOTSET)

@@ -45,6 +45,7 @@ What differs (Ray decides these, not us):
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -288,8 +289,13 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     cpus = max(usable_cpus(), num_cpus or 0)  # the container's CPUs, not the host's
+    # Ray Data logs every dataset's start and end at INFO in the actor that runs it (with a path of this
+    # machine); its own config variable is the one switch that reaches that actor. A user's config wins.
+    data_logging = {}
+    if not verbose:
+        data_logging = {"RAY_DATA_LOGGING_CONFIG": _ray_data_logging_config(temp_dir, worker_log_level)}
     try:
-        with temporary_environ(auth, keep_existing=auth):
+        with temporary_environ({**auth, **data_logging}, keep_existing=[*auth, *data_logging]):
             if auth:  # ours lives in this process's environment for the instance's lifetime
                 _compat.refresh_ray_auth()
             _compat.ray_init_with_temp_dir(ray, temp_dir, num_cpus=cpus, include_dashboard=False, **quiet)
@@ -303,6 +309,20 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         if auth:  # back to the user's own settings
             _compat.refresh_ray_auth()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _ray_data_logging_config(folder: str, level: str) -> str:
+    """A logging config for Ray Data (`RAY_DATA_LOGGING_CONFIG`): `level` and above, to stderr only."""
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "level": level}},
+        "loggers": {"ray.data": {"level": level, "handlers": ["console"], "propagate": False}},
+    }
+    path = Path(folder) / "ray_data_logging.json"   # JSON is YAML: Ray Data reads it with yaml.safe_load
+    path.write_text(json.dumps(config))
+    return str(path)
 
 
 def _uses_folder(proc: Path, folder: str) -> bool:

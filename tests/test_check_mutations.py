@@ -1,0 +1,105 @@
+"""Each notebook's checks can fail: inject the bug a check names, and the notebook must stop with that check.
+
+A check that passes on a working run proves little until it has failed on a broken one. Here each bug is one
+line changed in a copy of the notebook (summing gradients instead of averaging them, skipping the all-reduce,
+forgetting `set_epoch`, a resume that restores nothing), run with papermill at a small size; the test expects
+the notebook to fail with the message of the check that names that bug. The notebooks themselves are never
+changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import nbformat
+import pytest
+
+from helpers.execute import execute_notebook
+from helpers.paths import NOTEBOOKS_DIR
+
+pytestmark = pytest.mark.notebook
+
+
+@dataclass(frozen=True)
+class Mutation:
+    notebook: str
+    why: str            # the bug, in words
+    original: str       # a line (or lines) of the notebook's code, present exactly once
+    mutated: str        # what the bug makes of it
+    expected: str       # the check's message (a regular expression)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    slow: bool = False  # a run of minutes: in `make mutation`, not in `make test`
+
+
+MUTATIONS = [
+    Mutation("01_ddp_mlp", "the ranks' gradients summed instead of averaged",
+             "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
+             "            scaler.scale(loss * ctx.world_size).backward()",
+             r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
+    Mutation("01_ddp_mlp", "a rank that skips the all-reduce",
+             "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
+             "            with model.no_sync():\n                scaler.scale(loss).backward()",
+             r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
+    Mutation("01_ddp_mlp", "no set_epoch: every epoch in the same order",
+             "        sampler.set_epoch(epoch)          "
+             "# a different shuffle each epoch, the same on every rank\n",
+             "",
+             r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2)),
+    Mutation("04_fsdp_transformer", "FSDP summing the gradients (a divide factor of 1)",
+             "        fully_shard(model, mp_policy=mp, offload_policy=offload)\n",
+             "        fully_shard(model, mp_policy=mp, offload_policy=offload)\n"
+             "        model.set_gradient_divide_factor(1.0)\n",
+             r"FSDP and DDP losses differ by",
+             dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, eval_batches=1)),
+    Mutation("04_fsdp_transformer", "a resume that restores nothing",
+             "        set_state_dict(model, optimizer, model_state_dict=state[\"model\"], "
+             "optim_state_dict=state[\"optim\"])\n",
+             "",
+             r"resumed run differs from the uninterrupted one",
+             dict(steps=30, checkpoint_every=10, fail_at_step=15, parity_steps=2, eval_batches=1)),
+    Mutation("02_ddp_retinanet", "the ranks' gradients summed instead of averaged",
+             "        loss.backward()                          # DDP averages the ranks' gradients here",
+             "        (loss * ctx.world_size).backward()",
+             r"1 and 2 processes differ by", dict(epochs=1, max_steps=2), slow=True),
+    Mutation("03_lightning_two_tower_mds", "the ranks' gradients summed instead of averaged",
+             "        self.step_losses.append(loss.item())\n        return loss\n",
+             "        self.step_losses.append(loss.item())\n        return loss * self.trainer.world_size\n",
+             r"2 DDP ranks and 1 accumulating process differ by", dict(epochs=1, max_steps=4), slow=True),
+    Mutation("05_deepspeed_zero_sft", "ZeRO 1-3 normalising by half the tokens (steps twice the size)",
+             "            loss = super().training_step(model, inputs, num_items_in_batch)",
+             "            loss = super().training_step(model, inputs, num_items_in_batch if stage == 0\n"
+             "                                         else num_items_in_batch / 2)",
+             r"ZeRO stages differ from stage 0 by", dict(max_steps=2, n_test=10), slow=True),
+    Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
+             "        model.module.load_state_dict(state[\"model\"])\n"
+             "        optimizer.load_state_dict(state[\"optimizer\"])\n"
+             "        scheduler.load_state_dict(state[\"scheduler\"])\n",
+             "",
+             r"resumed run: (val accuracy|train loss) off by", dict(), slow=True),
+]
+
+
+def _mutated_copy(mutation: Mutation, folder) -> str:
+    source = NOTEBOOKS_DIR / f"{mutation.notebook}.ipynb"
+    nb = nbformat.read(str(source), as_version=4)
+    hits = [c for c in nb.cells if c.cell_type == "code" and mutation.original in c.source]
+    assert len(hits) == 1 and hits[0].source.count(mutation.original) == 1, (
+        f"{mutation.notebook}: the line to mutate is not there exactly once; update the mutation")
+    hits[0].source = hits[0].source.replace(mutation.original, mutation.mutated)
+    path = folder / source.name
+    nbformat.write(nb, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [pytest.param(m, marks=[pytest.mark.mutation] if m.slow else []) for m in MUTATIONS],
+    ids=lambda m: f"{m.notebook}: {m.why}",
+)
+def test_the_check_catches_the_bug(mutation, tmp_path):
+    from papermill.exceptions import PapermillExecutionError
+
+    path = _mutated_copy(mutation, tmp_path)
+    with pytest.raises(PapermillExecutionError, match=mutation.expected):
+        execute_notebook(path, tmp_path / "out.ipynb", mutation.parameters, timeout=900)
