@@ -38,8 +38,11 @@ MUTATIONS = [
              "            scaler.scale(loss * ctx.world_size).backward()",
              r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
     Mutation("01_ddp_mlp", "a rank that skips the all-reduce",
+             "            with torch.autocast(**autocast):\n                loss = loss_fn(model(x), y)\n"
              "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
-             "            with model.no_sync():\n                scaler.scale(loss).backward()",
+             # no_sync must cover the forward pass: DDP decides there whether the backward all-reduces
+             "            with model.no_sync(), torch.autocast(**autocast):\n"
+             "                loss = loss_fn(model(x), y)\n                scaler.scale(loss).backward()",
              r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
     Mutation("01_ddp_mlp", "no set_epoch: every epoch in the same order",
              "        sampler.set_epoch(epoch)          "

@@ -132,6 +132,8 @@ class Payload:
                 os.environ[ENV_SWITCH] = "off"
         if self.threads:
             torch.set_num_threads(self.threads)
+            # and in the environment, where libraries look (accelerate warns and sets 1 when it is unset)
+            os.environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
