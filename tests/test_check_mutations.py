@@ -49,10 +49,11 @@ MUTATIONS = [
              "# a different shuffle each epoch, the same on every rank\n",
              "",
              r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2)),
-    Mutation("04_fsdp_transformer", "FSDP summing the gradients (a divide factor of 1)",
-             "        fully_shard(model, mp_policy=mp, offload_policy=offload)\n",
-             "        fully_shard(model, mp_policy=mp, offload_policy=offload)\n"
-             "        model.set_gradient_divide_factor(1.0)\n",
+    Mutation("04_fsdp_transformer", "FSDP summing the ranks' gradients instead of averaging them",
+             "        scaler.scale(loss).backward()                     "
+             "# FSDP reduce-scatters the gradients here",
+             # what a sum reduction does: every rank's gradient counted in full, N times the mean (FSDP only)
+             "        scaler.scale(loss * (ctx.world_size if cfg['strategy'] == 'fsdp' else 1)).backward()",
              r"FSDP and DDP losses differ by",
              dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, eval_batches=1)),
     Mutation("04_fsdp_transformer", "a resume that restores nothing",

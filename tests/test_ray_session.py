@@ -31,7 +31,7 @@ def test_a_renamed_worker_of_the_instance_is_found_and_stopped(tmp_path):
 
 
 def test_ray_data_logging_config_quiets_info_and_keeps_errors(tmp_path, capsys):
-    """The config ray_session hands Ray Data: read as Ray Data reads it, INFO is dropped, errors still show."""
+    """The config ray_session gives Ray Data: read as Ray Data reads it, INFO dropped, errors still shown."""
     import logging
     import logging.config
 
