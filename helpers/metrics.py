@@ -116,3 +116,16 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
         pass
     print(json.dumps(plain))
     return plain
+
+
+def driver_peak_rss_mb() -> float:
+    """The peak resident memory of this process (the notebook's kernel) so far, in MB.
+
+    What a notebook records to show its driver's memory does not grow with the data (notebook 03's evaluation
+    at the ml-25m shape); the ranks are other processes and are not counted.
+    """
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux, bytes on macOS
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)

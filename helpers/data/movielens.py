@@ -91,6 +91,53 @@ def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000,
     return MovieLensFiles(ratings_csv, movies_csv, built=not build.reused)
 
 
+# The shape of MovieLens 25M: users and movies (its 25,000,095 ratings are about 155 per user).
+ML25M_USERS, ML25M_MOVIES = 162_541, 59_047
+
+
+def build_movielens_shaped(out_dir: str | Path | None = None, *, num_users: int = ML25M_USERS,
+                           num_movies: int = ML25M_MOVIES, ratings_per_user: int = 6,
+                           seed: int = 0) -> MovieLensFiles:
+    """A stand-in with the *shape* of a real MovieLens download, for what grows with users and movies.
+
+    `build_movielens` draws every user's movies from a users x movies affinity matrix so that there is taste
+    to learn; at the ml-25m shape that matrix alone is 77 GB. This builder draws from popularity only, in
+    vectorised form (seconds for 162,541 users), so that code whose memory grows with users x movies (an
+    evaluation that builds dense masks, say) meets the real sizes offline. Every movie is rated at least
+    once and every user `ratings_per_user` times; there is nothing a model can learn beyond popularity.
+    """
+    args = dict(kind="shaped", num_users=num_users, num_movies=num_movies, ratings_per_user=ratings_per_user,
+                seed=seed, version=BUILD_VERSION)
+    if num_users < 1 or num_movies < 1 or not 1 <= ratings_per_user <= num_movies:
+        raise ValueError(f"need num_users >= 1, num_movies >= 1 and 1 <= ratings_per_user "
+                         f"({ratings_per_user}) <= num_movies ({num_movies}).")
+    out = Path(out_dir) if out_dir is not None else cache_dir("movielens", _digest(args)[:12])
+    ratings_csv, movies_csv = out / "ratings.csv", out / "movies.csv"
+
+    def write() -> None:
+        rng = np.random.default_rng(seed)
+        popularity = 1.0 / np.arange(1, num_movies + 1)
+        popularity = rng.permutation(popularity / popularity.sum())
+        users = np.repeat(np.arange(1, num_users + 1), ratings_per_user)
+        movies = rng.choice(num_movies, size=len(users), p=popularity)
+        # every movie at least once: the first num_movies ratings (over all users) go one to each movie
+        cover = min(num_movies, len(users))
+        movies[rng.permutation(len(users))[:cover]] = rng.permutation(num_movies)[:cover]
+        frame = pd.DataFrame({"userId": users, "movie": movies}).drop_duplicates(["userId", "movie"])
+        movie_ids = np.sort(rng.choice(np.arange(1, 4 * num_movies + 1), size=num_movies, replace=False))
+        start = 1_000_000_000 + rng.integers(0, 3 * 365 * 86400, size=num_users)
+        stamps = start[frame["userId"].to_numpy() - 1] + rng.integers(60, 400 * 86400, size=len(frame))
+        ratings = pd.DataFrame({"userId": frame["userId"].to_numpy(), "movieId": movie_ids[frame["movie"]],
+                                "rating": rng.integers(1, 11, size=len(frame)) / 2, "timestamp": stamps})
+        ratings.sort_values(["userId", "timestamp"], kind="stable").to_csv(ratings_csv, index=False)
+        genres = np.array(GENRES)[rng.integers(0, len(GENRES), size=num_movies)]
+        pd.DataFrame({"movieId": movie_ids, "title": [f"Movie {i} (2000)" for i in movie_ids],
+                      "genres": genres}).to_csv(movies_csv, index=False)
+
+    build = reuse_or_build(out, args, [ratings_csv, movies_csv], write, manifest=MANIFEST)
+    return MovieLensFiles(ratings_csv, movies_csv, built=not build.reused)
+
+
 def _make_tables(*, num_users: int, num_movies: int, min_ratings: int, max_ratings: int, factors: int,
                  taste: float, popularity: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ratings and movies tables of `build_movielens` (its docstring says how they are made)."""

@@ -1,0 +1,238 @@
+"""Every notebook's "scale up" command, checked where it is printed and executed on real-shaped stand-ins.
+
+`helpers.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the notebooks'
+"Scaling up" sections and the README's gallery table print exactly those sets, read back the way papermill
+reads a command line (so a list passed with `-p` as a string, say, is caught). The others execute each
+notebook with its set, on CPU, with these differences only, each named in `RUNS` with its reason:
+
+* stand-ins for what cannot be downloaded or reached here: data folders (COCO 640 x 480 JPEGs, a MovieLens
+  folder at the ml-25m shape, FashionMNIST's IDX files at full size), a saved Llama-3.2-shaped model folder,
+  a ResNet-50 checkpoint file, a Ray cluster (started here; `cluster_address="auto"` finds it), an MLflow
+  store (a local SQLite file in place of a server) and output folders;
+* `max_steps` (the shared step cap) and, where one step at the advertised batch would take minutes on two
+  CPU cores, a smaller batch and fewer parity steps.
+
+nbval executes the defaults; these runs are the notebooks' other-parameter runs, so no notebook is executed
+twice at the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.execute import notebook_parameters, record_metadata
+from helpers.scale_up import SCALE_UPS, cli_parameters, inline, parse_parameters
+from tests.conftest import NOTEBOOKS, display_text, stream_text
+
+ROOT = NOTEBOOKS.parent
+
+
+def _scaling_up_command(stem: str) -> str:
+    """The papermill command in the notebook's "Scaling up" section."""
+    nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
+    sections = ["".join(c["source"]) for c in nb["cells"]
+                if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Scaling up")]
+    assert len(sections) == 1, f"{stem}: expected one '## Scaling up' section, found {len(sections)}"
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", sections[0], re.S) if "papermill" in b]
+    assert len(blocks) == 1, f"{stem}: expected one papermill command in 'Scaling up', found {len(blocks)}"
+    assert f"notebooks/{stem}.ipynb" in blocks[0], f"{stem}: the command runs another notebook"
+    return blocks[0]
+
+
+def _readme_scale_up_cell(stem: str) -> str:
+    """The "scale up" column of the notebook's row in the README's gallery table."""
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| [") and f"(notebooks/{stem}.ipynb)" in line]
+    assert len(rows) == 1, f"README: expected one gallery-table row for {stem}, found {len(rows)}"
+    return rows[0].rstrip(" |").rsplit(" | ", 1)[1]
+
+
+@pytest.mark.parametrize("stem", sorted(SCALE_UPS))
+def test_notebook_and_readme_print_the_scale_up_set(stem):
+    expected = SCALE_UPS[stem].parameters
+    declared = notebook_parameters(NOTEBOOKS / f"{stem}.ipynb")
+    assert not set(expected) - set(declared), f"{stem} declares no {sorted(set(expected) - set(declared))}"
+    assert cli_parameters(stem) == expected, "the printed command does not give the notebook these values"
+    assert parse_parameters(_scaling_up_command(stem)) == expected, (
+        f"{stem}'s 'Scaling up' command differs from helpers.scale_up; print it with "
+        f"`python -m helpers.scale_up {stem[:2]}` and paste it")
+    cell = _readme_scale_up_cell(stem)
+    assert f"`{inline(stem)}`" in cell and SCALE_UPS[stem].where in cell, (
+        f"README's scale-up column for {stem} should read: `{inline(stem)}` {SCALE_UPS[stem].where}")
+
+
+def test_a_drifted_command_is_caught():
+    """The comparison bites: one changed value, a list given with -p, a missing parameter."""
+    good = inline("04_fsdp_transformer")
+    assert parse_parameters(good) == SCALE_UPS["04_fsdp_transformer"].parameters
+    assert parse_parameters(good.replace("-p steps 5000", "-p steps 500")) != SCALE_UPS[
+        "04_fsdp_transformer"].parameters
+    listed = parse_parameters("-p anchor_ratios '[0.5, 1.0, 2.0]'")
+    assert listed["anchor_ratios"] == "[0.5, 1.0, 2.0]"      # what -p really gives: a string, not a list
+    assert parse_parameters("-y 'anchor_ratios: [0.5, 1.0, 2.0]'")["anchor_ratios"] == [0.5, 1.0, 2.0]
+
+
+# --- the runs ----------------------------------------------------------------------------------------------
+
+def _coco(tmp: Path) -> dict[str, Any]:
+    from helpers.data.coco_shapes import build_coco_shapes
+
+    # COCO's own image shape and format; objects sized like COCO's medium ones
+    coco = build_coco_shapes(tmp / "coco", n_train=8, n_val=4, image_size=640, image_height=480,
+                             image_format="jpg", min_size=40, max_size=160)
+    weights = tmp / "resnet50.pth"
+    import torch
+    import torchvision
+
+    torch.save(torchvision.models.resnet50().state_dict(), weights)   # torchvision's checkpoint layout
+    return dict(images_dir=str(coco.train_images), annotations_json=str(coco.train_annotations),
+                val_images_dir=str(coco.val_images), val_annotations_json=str(coco.val_annotations),
+                weights_path=str(weights), checkpoint_dir=str(tmp / "ckpt"))
+
+
+def _movielens(tmp: Path) -> dict[str, Any]:
+    from helpers.data.movielens import build_movielens_shaped
+
+    files = build_movielens_shaped(tmp / "ml-25m-shaped")
+    return dict(data_dir=str(files.ratings_csv.parent), tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+                mds_dir=str(tmp / "mds"))
+
+
+def _llama(tmp: Path) -> dict[str, Any]:
+    from helpers.data.llama_checkpoint import build_llama_checkpoint
+    from helpers.data.sft_tasks import build_sft_tasks
+
+    chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
+    return dict(model_name=str(build_llama_checkpoint(tmp / "llama")), dataset_path=str(chats["train"]),
+                output_dir=str(tmp / "llama-sft"))
+
+
+def _fashion(tmp: Path) -> dict[str, Any]:
+    from helpers.data import fashion_idx
+
+    return dict(data_dir=str(fashion_idx.build(tmp / "fashion", train_size=60000, test_size=10000)),
+                storage_path=str(tmp / "ray-results"), tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+
+
+# stand-ins (built in the test's folder), then the smaller settings a 2-core CPU needs, with the reason
+RUNS: dict[str, dict[str, Any]] = {
+    "01_ddp_mlp": dict(stand_ins=None, cap=dict(max_steps=6), why=""),
+    "02_ddp_retinanet": dict(
+        stand_ins=_coco, cap=dict(max_steps=2, batch_size=2, parity_steps=1),
+        why="one step of 64 images at 800 px through ResNet-50-FPN is about 30 TFLOP (minutes on 2 cores) "
+            "and needs over 30 GB of activations"),
+    "03_lightning_two_tower_mds": dict(stand_ins=_movielens, cap=dict(max_steps=4, parity_steps=2), why=""),
+    "04_fsdp_transformer": dict(
+        stand_ins=lambda tmp: dict(checkpoint_dir=str(tmp / "ckpt")),
+        cap=dict(max_steps=3, batch_size=16, parity_steps=2, eval_batches=1),
+        why="one step of 256 x 256 tokens through the 10M model is about 4 TFLOP (a minute on 2 cores)"),
+    "05_deepspeed_zero_sft": dict(stand_ins=_llama, cap=dict(max_steps=2, n_test=8), why=""),
+    "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
+                                why="8 Ray Train workers do not fit 2 cores; 4 share them"),
+}
+
+
+def _run_parameters(stem: str, tmp: Path) -> dict[str, Any]:
+    run = RUNS[stem]
+    params = dict(cli_parameters(stem))
+    stand_ins = run["stand_ins"](tmp) if run["stand_ins"] else {}
+    unknown = (set(stand_ins) | set(run["cap"])) - set(notebook_parameters(NOTEBOOKS / f"{stem}.ipynb"))
+    assert not unknown, f"{stem} declares no {sorted(unknown)}"
+    return {**params, **stand_ins, **run["cap"]}
+
+
+@pytest.mark.notebook
+def test_01_scale_up(run_notebook, tmp_path):
+    nb, metrics = run_notebook("01_ddp_mlp", **_run_parameters("01_ddp_mlp", tmp_path))
+    assert record_metadata(nb)["params"]["batch_size"] == 512 and record_metadata(nb)["params"]["epochs"] == 30
+    assert "Not compared with the reference run" in display_text(nb)
+
+
+@pytest.mark.notebook
+def test_02_scale_up_resnet50_on_coco_sized_jpegs(run_notebook, tmp_path):
+    nb, metrics = run_notebook("02_ddp_retinanet", **_run_parameters("02_ddp_retinanet", tmp_path))
+    out = stream_text(nb)
+    assert "[rank0] rank 0/2 on cpu: 8 training images, 4 validation images" in out
+    assert record_metadata(nb)["params"]["backbone"] == "resnet50_fpn_v2" and record_metadata(nb)["params"]["num_workers"] == 8
+    assert list(Path(record_metadata(nb)["params"]["checkpoint_dir"]).glob("retinanet_resnet50_fpn_v2_best.pt"))
+
+
+@pytest.mark.notebook
+def test_03_scale_up_at_the_ml25m_shape(run_notebook, tmp_path, monkeypatch):
+    """162,541 users x 59,047 movies: the driver stays under 4 GB; Lightning and record_metrics log one
+    MLflow run to the store given by `tracking_uri`."""
+    import mlflow
+
+    monkeypatch.setenv("GALLERY_TRACKING", "on")
+    params = _run_parameters("03_lightning_two_tower_mds", tmp_path)
+    nb, metrics = run_notebook("03_lightning_two_tower_mds", **params)
+    out = stream_text(nb)
+    assert "by 162,541 users of 59,047 movies" in out, "the data did not have the ml-25m shape"
+    assert metrics["driver_peak_rss_mb"] < 4096, f"the driver peaked at {metrics['driver_peak_rss_mb']} MB"
+    client = mlflow.tracking.MlflowClient(params["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("03_lightning_two_tower_mds").experiment_id])
+    assert len(runs) == 1, f"{len(runs)} MLflow runs for one notebook run"
+    assert runs[0].data.metrics["recall_at_10"] == pytest.approx(metrics["recall_at_10"])
+    assert "Streaming segments left in /dev/shm: none" in out
+
+
+@pytest.mark.notebook
+def test_04_scale_up_10m_preset(run_notebook, tmp_path):
+    nb, metrics = run_notebook("04_fsdp_transformer", **_run_parameters("04_fsdp_transformer", tmp_path))
+    assert 9e6 < metrics["parameters"] < 12e6, metrics["parameters"]
+    assert metrics["parity_max_abs_diff"] < 1e-4
+    assert list((tmp_path / "ckpt").iterdir()), "no checkpoint in checkpoint_dir"
+
+
+@pytest.mark.notebook
+def test_05_scale_up_saved_llama_folder(run_notebook, tmp_path):
+    """A Llama-3.2-shaped folder (BPE tokenizer, Llama 3's template, no pad token) through the same
+    AutoModel/AutoTokenizer path as a real checkpoint, on a JSONL of the user's chats: trained, saved,
+    reloaded and scored, with the stage-parity pass skipped."""
+    nb, metrics = run_notebook("05_deepspeed_zero_sft", **_run_parameters("05_deepspeed_zero_sft", tmp_path))
+    assert (tmp_path / "llama-sft" / "config.json").is_file()   # the fine-tuned model went where it was told
+    assert metrics["zero_stage"] == 3 and 0 <= metrics["accuracy_after"] <= 1
+    assert "run_parity=False" in stream_text(nb)
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    """A Ray cluster started outside the notebook, found by `cluster_address="auto"` through RAY_ADDRESS."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.notebook
+def test_06_scale_up_on_a_ray_cluster(run_notebook, tmp_path, monkeypatch, ray_cluster):
+    import mlflow
+
+    monkeypatch.setenv("GALLERY_TRACKING", "on")
+    params = _run_parameters("06_ray_train_resnet", tmp_path)
+    nb, metrics = run_notebook("06_ray_train_resnet", **params)
+    assert metrics["workers"] == 4 and metrics["recovered_from_failure"] is False
+    assert (tmp_path / "ray-results" / "training").is_dir()    # Ray Train kept the run where it was told
+    client = mlflow.tracking.MlflowClient(params["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name("06_ray_train_resnet").experiment_id])
+    assert len(runs) == 1 and runs[0].data.params["fail_at_epoch"] == "None"
+    assert "train (55000, 28, 28), validation (5000, 28, 28), test (10000, 28, 28)" in stream_text(nb)
+
+
+@pytest.mark.notebook
+def test_a_list_given_with_p_is_refused_with_the_fix(run_notebook):
+    """`-p anchor_ratios '[0.5, 1.0, 2.0]'` gives the notebook text; it must say so before anything starts."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match="pass it as YAML instead") as info:
+        run_notebook("02_ddp_retinanet", anchor_ratios="[0.5, 1.0, 2.0]")
+    assert "[rank" not in str(info.value)
