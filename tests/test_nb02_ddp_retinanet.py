@@ -1,10 +1,8 @@
-"""Notebook 02 under papermill with parameters other than the stored defaults.
+"""Notebook 02 under papermill: bad input.
 
 The defaults (processes='auto' = 2 CPU processes here) are covered by nbval over notebooks/, learning bars and
-reference run included. This file runs one process, reading the data through the user's path parameters (a
-COCO-format copy in a temporary folder), with the checkpoint in a temporary folder, for a few steps
-(`max_steps`): what it proves is the path, not the learning; the notebook's structural checks (one result
-per rank, the best checkpoint reloaded) run inside it. Bad input is tested on
+reference run included; the user's path parameters (COCO-format JPEGs of COCO's size, a ResNet-50 checkpoint,
+a checkpoint folder) by the scale-up run in test_scale_up.py. Bad input is tested on
 `check_coco_detection` directly in test_data_coco_shapes.py; here, once, that the notebook stops on it
 before launching anything.
 """
@@ -15,23 +13,10 @@ import nbformat
 import pytest
 
 from helpers.data.coco_shapes import build_coco_shapes
-from tests.conftest import display_text, stream_text
+from tests.conftest import stream_text
 
 pytestmark = pytest.mark.notebook
 
-
-def test_one_process_on_user_paths(run_notebook, tmp_path):
-    shapes = build_coco_shapes(tmp_path / "coco")   # the default build, as if it were the user's export
-    paths = dict(images_dir=str(shapes.train_images), annotations_json=str(shapes.train_annotations),
-                 val_images_dir=str(shapes.val_images), val_annotations_json=str(shapes.val_annotations))
-    nb, metrics = run_notebook("02_ddp_retinanet", processes=1, checkpoint_dir=str(tmp_path / "ckpt"),
-                               epochs=2, max_steps=4, **paths)
-    assert metrics["processes"] == 1
-    assert metrics["untrained_map_50"] < 0.1
-    assert "Not compared with the reference run: it was measured at other parameters" in display_text(nb)
-    assert list((tmp_path / "ckpt").glob("retinanet_mobilenet_v3_best.pt"))
-    out = stream_text(nb)
-    assert "[rank0] rank 0/1 on cpu: 320 training images, 64 validation images" in out
 
 
 def test_bad_input_stops_before_launch(run_notebook, tmp_path):

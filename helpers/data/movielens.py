@@ -96,21 +96,22 @@ ML25M_USERS, ML25M_MOVIES = 162_541, 59_047
 
 
 def build_movielens_shaped(out_dir: str | Path | None = None, *, num_users: int = ML25M_USERS,
-                           num_movies: int = ML25M_MOVIES, ratings_per_user: int = 6,
-                           seed: int = 0) -> MovieLensFiles:
+                           num_movies: int = ML25M_MOVIES, ratings_per_user: int = 8,
+                           active_share: float = 0.3, seed: int = 0) -> MovieLensFiles:
     """A stand-in with the *shape* of a real MovieLens download, for what grows with users and movies.
 
     `build_movielens` draws every user's movies from a users x movies affinity matrix so that there is taste
     to learn; at the ml-25m shape that matrix alone is 77 GB. This builder draws from popularity only, in
     vectorised form (seconds for 162,541 users), so that code whose memory grows with users x movies (an
     evaluation that builds dense masks, say) meets the real sizes offline. Every movie is rated at least
-    once and every user `ratings_per_user` times; there is nothing a model can learn beyond popularity.
+    once; a share `active_share` of the users rate `ratings_per_user` distinct movies (enough to hold some
+    out for evaluation), the others 3. There is nothing a model can learn beyond popularity.
     """
     args = dict(kind="shaped", num_users=num_users, num_movies=num_movies, ratings_per_user=ratings_per_user,
-                seed=seed, version=BUILD_VERSION)
-    if num_users < 1 or num_movies < 1 or not 1 <= ratings_per_user <= num_movies:
-        raise ValueError(f"need num_users >= 1, num_movies >= 1 and 1 <= ratings_per_user "
-                         f"({ratings_per_user}) <= num_movies ({num_movies}).")
+                active_share=active_share, seed=seed, version=BUILD_VERSION)
+    if num_users < 1 or not 3 <= ratings_per_user <= num_movies // 2 or not 0 <= active_share <= 1:
+        raise ValueError(f"need num_users >= 1, 3 <= ratings_per_user ({ratings_per_user}) <= num_movies / 2 "
+                         f"({num_movies // 2}) and 0 <= active_share ({active_share}) <= 1.")
     out = Path(out_dir) if out_dir is not None else cache_dir("movielens", _digest(args)[:12])
     ratings_csv, movies_csv = out / "ratings.csv", out / "movies.csv"
 
@@ -118,12 +119,14 @@ def build_movielens_shaped(out_dir: str | Path | None = None, *, num_users: int 
         rng = np.random.default_rng(seed)
         popularity = 1.0 / np.arange(1, num_movies + 1)
         popularity = rng.permutation(popularity / popularity.sum())
-        users = np.repeat(np.arange(1, num_users + 1), ratings_per_user)
+        wanted = np.where(rng.random(num_users) < active_share, ratings_per_user, 3)
+        users = np.repeat(np.arange(1, num_users + 1), 2 * wanted)   # twice the draws; duplicates dropped
         movies = rng.choice(num_movies, size=len(users), p=popularity)
-        # every movie at least once: the first num_movies ratings (over all users) go one to each movie
-        cover = min(num_movies, len(users))
-        movies[rng.permutation(len(users))[:cover]] = rng.permutation(num_movies)[:cover]
         frame = pd.DataFrame({"userId": users, "movie": movies}).drop_duplicates(["userId", "movie"])
+        frame = frame[frame.groupby("userId").cumcount().to_numpy() < wanted[frame["userId"].to_numpy() - 1]]
+        unseen = np.setdiff1d(np.arange(num_movies), frame["movie"].to_numpy())   # every movie rated once
+        frame = pd.concat([frame, pd.DataFrame({"userId": rng.integers(1, num_users + 1, size=len(unseen)),
+                                                "movie": unseen})]).drop_duplicates(["userId", "movie"])
         movie_ids = np.sort(rng.choice(np.arange(1, 4 * num_movies + 1), size=num_movies, replace=False))
         start = 1_000_000_000 + rng.integers(0, 3 * 365 * 86400, size=num_users)
         stamps = start[frame["userId"].to_numpy() - 1] + rng.integers(60, 400 * 86400, size=len(frame))
