@@ -44,7 +44,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -264,8 +264,18 @@ def subprocess_executor(src: Path, dst: Path, parameters: dict[str, Any], limit_
 
 
 def execute_job(job_path: str) -> int:
-    """In the child: execute the notebook; the exit code and one line say how it went."""
+    """In the child: execute the notebook; the exit code and one line say how it went.
+
+    helpers/__init__ imports the launcher and so torch; this process only needs helpers.execute (papermill):
+    the package is registered without running its __init__, which saves a torch import per notebook.
+    """
     job = json.loads(Path(job_path).read_text())
+    if "helpers" not in sys.modules:
+        import types
+
+        package = types.ModuleType("helpers")
+        package.__path__ = [str(ROOT / "helpers")]
+        sys.modules["helpers"] = package
     from helpers.execute import execute_notebook
 
     try:
@@ -276,6 +286,28 @@ def execute_job(job_path: str) -> int:
         print(f"gpu_check: {Path(job['src']).name} failed: {name}: {detail}"[:2000], flush=True)
         return 1
     return 0
+
+
+def notebook_error(path: Path) -> dict[str, Any] | None:
+    """The first cell that raised, numbered as in the source notebook (the cells papermill adds, injected
+    parameters and error banners, not counted), with its exception and first line of code."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    index = 0
+    for cell in nb.cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "papermill-error-cell-tag" in tags:
+            continue
+        injected = "injected-parameters" in tags
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                code = next((line for line in cell.source.splitlines()
+                             if line.strip() and not line.lstrip().startswith("#")), "")
+                return {"cell": "injected parameters" if injected else index, "ename": out.get("ename"),
+                        "evalue": out.get("evalue"), "code": code.strip()[:120]}
+        index += not injected
+    return None
 
 
 def importable(module: str) -> bool:
@@ -332,10 +364,10 @@ def run_one(check: NotebookCheck, ctx: Context, executor: Executor) -> Result:
     result.seconds = round(outcome.seconds, 1)
     metrics, error = {}, None
     if dst.exists():
-        from helpers.execute import first_error, read_metrics
+        from helpers.execute import read_metrics
 
         try:
-            metrics, error = read_metrics(dst), first_error(dst)
+            metrics, error = read_metrics(dst), notebook_error(dst)
         except Exception as e:  # a notebook written half-way
             result.problems.append(f"could not read the executed notebook: {type(e).__name__}: {e}")
     result.seen = {k: metrics.get(k) for k in ("device", "backend", "precision", "processes") if k in metrics}
@@ -347,7 +379,7 @@ def run_one(check: NotebookCheck, ctx: Context, executor: Executor) -> Result:
                                + (f" (last error: cell {error['cell']} {error['ename']})" if error else ""))
         return result
     if outcome.returncode != 0 or error:
-        where = (f"cell {error['cell']} raised {error['ename']}: {error['evalue']}" if error
+        where = (f"cell {error['cell']} ({error['code']}) raised {error['ename']}: {error['evalue']}" if error
                  else f"exit code {outcome.returncode}: {outcome.log.strip().splitlines()[-1:] or ''}")
         result.problems.append(where[:1500])
         return result
@@ -402,8 +434,9 @@ def table(results: list[Result]) -> str:
             if r.seen else "-"
         throughput = f"{_fmt(r.throughput, 1)} {r.throughput_key.replace('_per_s', '/s')}" \
             if r.throughput is not None else "-"
-        notes = r.notes + ("" if not r.problems else (" **problems:** " if r.notes else "**problems:** ")
-                           + "; ".join(r.problems))
+        problems = "; ".join(" ".join(p.split())[:300] for p in r.problems)  # one line (report.json: all)
+        notes = r.notes + ("" if not problems else (" **problems:** " if r.notes else "**problems:** ")
+                           + problems)
         rows.append(f"| {r.notebook} | {r.status} | {_fmt(r.seconds, 1)} | {seen} | "
                     f"{_fmt(r.peak_gpu_mb, 1)} | {throughput} | {notes.replace('|', '/')} |")
     return "\n".join(rows)
@@ -609,6 +642,8 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
                         help="the carried wheels (gpu-bundle/)")
     parser.add_argument("--site", type=Path, default=DEFAULT_SITE, help="where missing wheels are installed")
     parser.add_argument("--no-install", action="store_true", help="use only what this Python has")
+    parser.add_argument("--notebooks", type=Path, default=None,
+                        help="take the notebooks from this folder instead of notebooks/ (a patched copy)")
     parser.add_argument("--processes", default="1",
                         help="processes per notebook: 1 (default; 1 GPU is enough) or auto (every GPU)")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -623,6 +658,8 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
     started, stamp = time.monotonic(), dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / f"gpu-check-{stamp}"
     selected = select(checks, args.only)
+    if args.notebooks:
+        selected = [replace(c, source=args.notebooks / f"{c.name}.ipynb") for c in selected]
     scale = args.time_scale or (1.0 if args.device == "cuda" else 5.0)
     budget = args.budget_s or DEFAULT_BUDGET_S * scale
     processes = int(args.processes) if args.processes.isdigit() else args.processes
