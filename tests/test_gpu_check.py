@@ -180,12 +180,28 @@ def test_parameters_are_the_few_step_ones_with_processes_1_and_cpu_overrides(tmp
 def test_the_budget_limits_each_notebook_and_stops_starting_them(tmp_path):
     calls = []
     ctx = _ctx(tmp_path, budget_s=45)
-    results = gpu_check.run_checks([_check("a", limit_s=100), _check("b")], ctx, _fake_executor(calls))
+    gpu_check.run_checks([_check("a", limit_s=100), _check("b")], ctx, _fake_executor(calls))
     assert 40 < calls[0][2] <= 45, "the limit is cut to what is left of the budget"
     ctx = _ctx(tmp_path, budget_s=10)
     results = gpu_check.run_checks([_check("a", limit_s=100)], ctx, _fake_executor(calls))
     assert results[0].status == "failed" and results[0].problems[0].startswith("not run:")
-    assert gpu_check.time_limit(60, 5.0, 1000) == 300
+
+
+def test_time_left_unused_goes_to_the_next_notebook_never_what_later_ones_need():
+    assert gpu_check.time_limit(60, 5.0, 1000) == 1000, "alone: the whole budget"
+    assert gpu_check.time_limit(60, 1.0, 200, reserve_s=100) == 100, "its own 60 s and 40 s left unused"
+    assert gpu_check.time_limit(60, 1.0, 150, reserve_s=100) == 60, "never less than its own"
+    assert gpu_check.time_limit(60, 1.0, 50, reserve_s=100) == 50, "never past the budget"
+    assert gpu_check.time_limit(60, 1.0, 20) is None, "too little left to start"
+
+
+def test_later_notebooks_keep_their_limits(tmp_path):
+    calls = []
+    checks = [_check("a", limit_s=60), _check("b", limit_s=100),
+              _check("c_skipped", limit_s=300, uncarried=("surely_not_a_module_xyz",))]
+    gpu_check.run_checks(checks, _ctx(tmp_path, budget_s=200), _fake_executor(calls))
+    assert 95 < calls[0][2] <= 100, "a: 200 s less b's 100 (c is skipped, so reserves nothing)"
+    assert 195 < calls[1][2] <= 200, "b: what a left unused (a fake run takes no time)"
 
 
 def test_gpu_run_metrics_that_say_cpu_fail_the_check(tmp_path):

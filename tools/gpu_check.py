@@ -91,9 +91,10 @@ class NotebookCheck:
 NOTEBOOK_KERNEL = ("papermill", "nbclient", "nbformat", "ipykernel", "IPython", "zmq")
 
 # Limits add up to 530 s (plus ~20 s to install the bundle and start): every notebook fits one device call.
+# A notebook may also use what the ones before it left unused, never what the ones after it need.
 CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
-        "01_ddp_mlp", 70, "samples_per_s",
+        "01_ddp_mlp", 60, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 40, "parity_steps": 5},
         carried=NOTEBOOK_KERNEL,
         note_one_process="parity proof (1 vs 2 processes) ran on 2 CPU processes (gloo, fp32): 2 ranks may "
@@ -105,7 +106,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
         note_one_process="parity proof (1 vs 2 processes) ran on CPU, as the notebook always does; "
                          "SyncBatchNorm over 1 rank"),
     NotebookCheck(
-        "03_lightning_two_tower_mds", 110, "samples_per_s",
+        "03_lightning_two_tower_mds", 120, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 8, "eval_users": 500, "parity_steps": 2},
         carried=(*NOTEBOOK_KERNEL, "lightning", "streaming", "zstd"),
         note_one_process="parity proof (2 DDP ranks vs 1 accumulating process) ran on CPU, as the notebook "
@@ -317,10 +318,12 @@ def importable(module: str) -> bool:
         return False
 
 
-def time_limit(limit_s: float, scale: float, remaining_s: float) -> float | None:
-    """The notebook's limit within what is left of the budget; None when too little is left to start."""
-    limit = min(limit_s * scale, remaining_s)
-    return limit if limit >= min(MIN_START_S, limit_s * scale) else None
+def time_limit(limit_s: float, scale: float, remaining_s: float, reserve_s: float = 0.0) -> float | None:
+    """The notebook's limit: its own, plus what earlier notebooks left unused beyond `reserve_s` (the limits
+    of the notebooks still to run), within what is left of the budget; None when too little is left."""
+    own = limit_s * scale
+    limit = min(max(own, remaining_s - reserve_s), remaining_s)
+    return limit if limit >= min(MIN_START_S, own) else None
 
 
 @dataclass
@@ -338,7 +341,11 @@ class Context:
         return self.budget_s - (time.monotonic() - self.started)
 
 
-def run_one(check: NotebookCheck, ctx: Context, executor: Executor) -> Result:
+def runnable(check: NotebookCheck) -> bool:
+    return all(importable(m) for m in check.uncarried)
+
+
+def run_one(check: NotebookCheck, ctx: Context, executor: Executor, reserve_s: float = 0.0) -> Result:
     parameters = {**check.parameters, **(check.cpu_parameters if ctx.device == "cpu" else {}),
                   "processes": ctx.processes}
     result = Result(check.name, "failed", parameters=parameters, throughput_key=check.throughput,
@@ -353,7 +360,7 @@ def run_one(check: NotebookCheck, ctx: Context, executor: Executor) -> Result:
         result.problems.append(f"missing {', '.join(missing)}: build the bundle (make gpu-bundle) and carry "
                                "gpu-bundle/ (it installs the wheels this Python lacks)")
         return result
-    limit = time_limit(check.limit_s, ctx.time_scale, ctx.remaining())
+    limit = time_limit(check.limit_s, ctx.time_scale, ctx.remaining(), reserve_s)
     if limit is None:
         result.problems.append(f"not run: {max(0, ctx.remaining()):.0f} s left of the {ctx.budget_s:.0f} s "
                                "budget")
@@ -396,10 +403,12 @@ def run_checks(checks: list[NotebookCheck] | tuple[NotebookCheck, ...], ctx: Con
     """Every check, in order; one failing (or raising) never stops the next. `on_result` gets the results
     so far after each (the report is rewritten, so a check cut short still leaves one)."""
     results: list[Result] = []
-    for check in checks:
+    checks = list(checks)
+    for i, check in enumerate(checks):
         print(f"gpu_check: {check.name} ...", flush=True)
+        reserve = sum(c.limit_s * ctx.time_scale for c in checks[i + 1:] if runnable(c))
         try:
-            result = run_one(check, ctx, executor)
+            result = run_one(check, ctx, executor, reserve)
         except Exception as e:  # the check's own machinery: report it, carry on
             result = Result(check.name, "failed", problems=[f"gpu_check error: {type(e).__name__}: {e}"])
         results.append(result)
