@@ -103,7 +103,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
         "02_ddp_retinanet", 110, "images_per_s",
         # enough steps, without the 30-step warm-up, that a trained epoch beats the untrained model: the
         # notebook asserts the best checkpoint is the best of *all* epochs, the untrained epoch 0 included
-        parameters={"epochs": 2, "max_steps": 24, "warmup_steps": 2, "parity_steps": 2},
+        parameters={"epochs": 2, "max_steps": 40, "warmup_steps": 2, "parity_steps": 2},
         carried=(*NOTEBOOK_KERNEL, "pycocotools", "torchmetrics"),
         note_one_process="parity proof (1 vs 2 processes) ran on CPU, as the notebook always does; "
                          "SyncBatchNorm over 1 rank"),
@@ -724,6 +724,7 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
     results = run_checks(selected, ctx, executor, on_result=save)
     save(results)
     archive(work, out)
+    shutil.rmtree(work, ignore_errors=True)
     print("\n" + table(results) + "\n", flush=True)
     status = exit_status(results)
     counts = {s: sum(r.status == s for r in results) for s in ("passed", "skipped")}
