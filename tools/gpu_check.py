@@ -135,7 +135,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
         carried=NOTEBOOK_KERNEL,
         uncarried=("ray", "mlflow"),
         uncarried_reason="needs Ray Train and MLflow, which the GPU machine lacks; Ray's wheel alone "
-                         "(~70 MB) is more than a device call can carry (64 MiB)",
+                         "(79 MB for 2.60.0 cp312) is more than a device call can carry (64 MiB)",
         note_one_process="one Ray Train worker on the GPU"),
 )
 
@@ -682,7 +682,8 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
     budget = args.budget_s or DEFAULT_BUDGET_S * scale
     processes = int(args.processes) if args.processes.isdigit() else args.processes
     info: dict[str, Any] = {"date": dt.datetime.now().isoformat(timespec="seconds"), "device": args.device,
-                            "host": platform.node(), "processes": processes, "budget_s": budget,
+                            "host": platform.node(), "libc": " ".join(platform.libc_ver()),
+                            "python_executable": sys.executable, "processes": processes, "budget_s": budget,
                             "notebooks": [c.name for c in selected]}
 
     problem = preflight(args.device)
