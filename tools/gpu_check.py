@@ -6,7 +6,7 @@
 Through the device tool, once `make gpu-bundle` has filled gpu-bundle/ here: one call, carrying gpu-bundle,
 with timeout_s 600 (the check budgets 560 s in all):
 
-    set -o pipefail; PYTHONUNBUFFERED=1 python3 tools/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+  set -o pipefail; PYTHONUNBUFFERED=1 python3 tools/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
 
 What it does, in order, stopping early only where nothing else could work:
 1. Preflight: imports torch and, for `--device cuda` (the default), checks `torch.cuda.is_available()`; if
