@@ -21,7 +21,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run test mutation unit nbval notebooks bench lint venv clean-venv lock
+.PHONY: run test mutation unit nbval notebooks bench lint venv clean-venv lock gpu-check gpu-bundle
 
 venv: $(STAMP)
 
@@ -64,6 +64,17 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_latency.py
 	$(BIN)/python benchmarks/progress_overhead.py
 	$(BIN)/python benchmarks/launcher_throughput.py
+
+## gpu-bundle: download the wheels the GPU machine lacks into gpu-bundle/ (tools/gpu_bundle.py; needs PyPI)
+gpu-bundle: $(STAMP)
+	$(BIN)/python tools/gpu_bundle.py
+
+## gpu-check: on the GPU machine (no registry, no .venv): every notebook's GPU path for a few steps, with the
+# machine's own python3 plus the carried gpu-bundle/; report in GPU_OUT (ARGS="--only 05", "--device cpu")
+GPU_PYTHON ?= python3
+GPU_OUT ?= runs/gpu-check
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_OUT) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools

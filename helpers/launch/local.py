@@ -158,6 +158,10 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     if options.start_method == "forkserver":
         prepare_forkserver()
 
+    # LaunchConfig.shutdown_timeout (a stopping rank's grace before SIGKILL) landed after torch 2.11's branch
+    # cut (pytorch PR 172596); older agents wait a fixed 30 s. Pass it only where it exists (the GPU machine).
+    stop = {"shutdown_timeout": int(max(1, options.stop_timeout))} \
+        if "shutdown_timeout" in getattr(LaunchConfig, "__dataclass_fields__", {}) else {}
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=plan.processes,
         run_id=f"helpers-{uuid.uuid4().hex[:12]}",
@@ -167,8 +171,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
         rdzv_configs={"rank": 0, "timeout": 60}, local_addr=options.master_addr,
         max_restarts=options.max_restarts, monitor_interval=0.05, start_method=options.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(log_root), redirects=Std.ALL, tee=Std.ALL),
-        log_line_prefix_template=options.prefix,
-        shutdown_timeout=int(max(1, options.stop_timeout)),
+        log_line_prefix_template=options.prefix, **stop,
     )
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     try:
