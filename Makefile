@@ -14,9 +14,10 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
-# Two pytest workers (pytest-xdist): much of a notebook test is waiting (kernels, process and Ray start-up), so
-# two overlap on 2 cores. Tests that share state run on one worker (groups in tests/conftest.py); 0 = serial.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2: two pytest workers (pytest-xdist); much of a notebook test is waiting (kernels, processes, Ray), so
+# two overlap on 2 cores. Tests that share state run on one worker (groups in tests/conftest.py). Default 0: serial
+# until a full run with 2 workers has been measured.
+TEST_WORKERS ?= 0
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
