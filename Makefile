@@ -14,11 +14,8 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
-# TEST_WORKERS=2: two pytest workers (pytest-xdist); much of a notebook test is waiting (kernels, processes, Ray), so
-# two overlap on 2 cores. Tests that share state run on one worker (groups in tests/conftest.py). Default 0: serial
-# until a full run with 2 workers has been measured.
-TEST_WORKERS ?= 0
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+# One pytest process: tried with two pytest-xdist workers (2026-12-01, 2 cores), nbval's cells of one
+# notebook lost their kernel between workers (72 failures) and the rest ran no faster, the work being CPU-bound.
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -43,7 +40,7 @@ run: $(STAMP)
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
 test: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(XDIST) -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
 
 ## mutation: the slow half of tests/test_check_mutations.py (each check fails on the bug it names)
 mutation: $(STAMP)

@@ -61,7 +61,7 @@ MUTATIONS = [
              "optim_state_dict=state[\"optim\"])\n",
              "",
              r"resumed run differs from the uninterrupted one",
-             dict(steps=30, checkpoint_every=10, fail_at_step=15, parity_steps=2, eval_batches=1)),
+             dict(steps=30, checkpoint_every=10, fail_at_step=15, parity_steps=2, eval_batches=1), slow=True),
     Mutation("02_ddp_retinanet", "the ranks' gradients summed instead of averaged",
              "        loss.backward()                          # DDP averages the ranks' gradients here",
              "        (loss * ctx.world_size).backward()",

@@ -30,6 +30,25 @@ def test_step_cap_parameter(path):
     assert notebook_parameters(path).get("max_steps", "missing") is None
 
 
+LAUNCHES = (".distributed(", "TorchTrainer(")
+
+
+def _first_launch_cell(cells: list) -> int:
+    return next(i for i, c in enumerate(cells)
+                if c.cell_type == "code" and any(k in c.source for k in LAUNCHES))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_step_cap_is_checked_before_the_first_launch(path):
+    """A bad `max_steps` (0, -1, 2.5) is refused by `check_max_steps` before anything is launched: notebook
+    01's papermill test shows the message, and this, that every other notebook calls it early enough."""
+    cells = nbformat.read(str(path), as_version=4).cells
+    checked = [i for i, c in enumerate(cells)
+               if c.cell_type == "code" and "check_max_steps(max_steps" in c.source]
+    assert checked, "call helpers.step_cap.check_max_steps(max_steps) before the first launch"
+    assert checked[0] < _first_launch_cell(cells), "check_max_steps(max_steps) comes after the first launch"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_shared_parameter_names(path):
     """Parameters of the same kind have the same name everywhere: every notebook trains on GPUs when there are
@@ -56,3 +75,9 @@ def test_the_rules_above_can_fail(tmp_path):
     nbformat.write(nb, str(path))
     with pytest.raises(pytest.fail.Exception, match="ratings_csv"):
         test_shared_parameter_names(path)
+    # check_max_steps called, but after the launch
+    nb.cells = [cell, nbformat.v4.new_code_cell("results = train.distributed(cfg)"),
+                nbformat.v4.new_code_cell("check_max_steps(max_steps)")]
+    nbformat.write(nb, str(path))
+    with pytest.raises(AssertionError, match="after the first launch"):
+        test_step_cap_is_checked_before_the_first_launch(path)
