@@ -4,6 +4,7 @@ Runs a notebook at its default parameters under several conditions that change t
 the lesson, and prints how far each result moved from the native run:
 
   native      this machine as it is
+  avx2        kernels capped at AVX2 (ATen, oneDNN and MKL), as on a machine without AVX-512
   isa         kernels of an older instruction set: ATen without SIMD (ATEN_CPU_CAPABILITY=default),
               oneDNN capped at SSE4.1 (ONEDNN_MAX_CPU_ISA=SSE41), MKL capped at SSE4.2
   threads4    4 intra-op threads per CPU rank (HELPERS_THREADS_PER_PROCESS=4) instead of the usual 1
@@ -13,7 +14,7 @@ With --write, `notebooks/references/<notebook>.json` gets the native run's resul
 values, each with a tolerance taken from the deviations measured (see `tolerances`; for curves, point by
 point), and the measurement itself (every run's values, the machine, the command, the rule) next to them.
 
-    python benchmarks/reference_spread.py 01_ddp_mlp [02 ...] [--variants native,isa,threads4,seed1,seed2]
+    python benchmarks/reference_spread.py 01_ddp_mlp [02 ...] [--variants native,avx2,isa,seed1,seed2]
         [--arith-factor 4] [--seed-factor 1] [--write] [--keep DIR [--reuse]]
 """
 
@@ -45,6 +46,7 @@ ISA_BASELINE = {
 }
 ENVIRONMENTS = {
     "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "isa": ISA_BASELINE,
     "threads4": {"HELPERS_THREADS_PER_PROCESS": "4"},
     "threads1": {"HELPERS_THREADS_PER_PROCESS": "1"},

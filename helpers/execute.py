@@ -110,12 +110,29 @@ def store_outputs(path: str | Path, timeout: int = 1800) -> nbformat.NotebookNod
     nb = nbformat.read(str(path), as_version=4)
     client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=timeout,
                             resources={"metadata": {"path": str(path.resolve().parent)}})
-    client.execute()
+    try:
+        client.execute()
+    except Exception:
+        _keep_failed_run(nb, path)
+        raise
     errors = first_error(nb)
     if errors:
-        raise RuntimeError(f"{path.name}: cell {errors['cell']} raised {errors['ename']}: {errors['evalue']}")
+        kept = _keep_failed_run(nb, path)
+        raise RuntimeError(f"{path.name}: cell {errors['cell']} raised {errors['ename']}: {errors['evalue']} "
+                           f"(the executed copy: {kept})")
     nbformat.write(nb, str(path))
     return nb
+
+
+def _keep_failed_run(nb: nbformat.NotebookNode, path: Path) -> Path:
+    """The failed execution, kept beside the run folders: its outputs say why (a reference table, a traceback),
+    and the stored notebook stays as it was."""
+    from helpers.paths import ROOT
+
+    kept = ROOT / "runs" / "store-failures" / path.name
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(kept))
+    return kept
 
 
 if __name__ == "__main__":
