@@ -133,8 +133,10 @@ def tolerances(
     """Per result (per point of a curve): the larger of two measured spreads, with a floor.
 
     Arithmetic variants (another instruction set, another thread count) change only the rounding, as another
-    machine does; on one machine they move results less than another machine's kernels do (notebook 02's
-    mAP@0.5 moved by 0.037 between two machines), hence `arith_factor` (4) times their largest deviation. Seed
+    machine does. Capped at a real machine's instruction set they reproduce that machine: on an AVX-512 host,
+    the `avx2` variant of notebook 02 gave the AVX2 host's native results to the last digit (mAP@0.5 0.6245,
+    against 0.7465 native). Where no such variant ran, the ones that did can move results less than another
+    machine's kernels do, hence `arith_factor` (4 by default; 1.5 is enough with `avx2` in the set). Seed
     variants also change the data, the initial weights and the order: an upper bound of what noise can do,
     taken once (`seed_factor` 1). The floor, 1% of the value plus 1% of the curve's largest value, keeps a
     tolerance

@@ -125,8 +125,8 @@ def store_outputs(path: str | Path, timeout: int = 1800) -> nbformat.NotebookNod
 
 
 def _keep_failed_run(nb: nbformat.NotebookNode, path: Path) -> Path:
-    """The failed execution, kept beside the run folders: its outputs say why (a reference table, a traceback),
-    and the stored notebook stays as it was."""
+    """The failed execution, kept beside the run folders: its outputs say why (a reference table, a
+    traceback), and the stored notebook stays as it was."""
     from helpers.paths import ROOT
 
     kept = ROOT / "runs" / "store-failures" / path.name
