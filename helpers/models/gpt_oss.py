@@ -27,7 +27,8 @@ from helpers.paths import cache_dir
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 BLOCK = 32  # values per scale
 # What OpenAI's configs leave in bf16 (transformers reads this list)
-MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                         "lm_head"]
 _FORMAT_VERSION = 1
 
 
@@ -42,7 +43,8 @@ def quantize_mxfp4(weight):
 
     experts, n_in, n_out = weight.shape
     if n_in % BLOCK:
-        raise ValueError(f"MXFP4 packs {BLOCK} values a block: the input size {n_in} must be a multiple of {BLOCK}")
+        raise ValueError(f"MXFP4 packs {BLOCK} values a block: the input size {n_in} must be a multiple "
+                         f"of {BLOCK}")
     w = weight.detach().float().transpose(1, 2).reshape(experts, n_out, n_in // BLOCK, BLOCK)
     peak = w.abs().amax(dim=-1).clamp_min(2.0**-126)
     exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
@@ -92,7 +94,8 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
             "version": _FORMAT_VERSION}
     folder = Path(root) if root is not None else cache_dir(
         "gpt_oss_checkpoint", f"{'mxfp4' if mxfp4 else 'bf16'}-h{hidden_size}-l{layers}-e{experts}-s{seed}")
-    files = [folder / n for n in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")]
+    names = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    files = [folder / n for n in names]
 
     def write() -> None:
         import torch
@@ -106,8 +109,8 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
             num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
             num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=experts_per_token,
             sliding_window=sliding_window, max_position_embeddings=256, rope_scaling=None,
-            tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None)
+            tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
         torch.manual_seed(seed)
         model = GptOssForCausalLM(config)
         if mxfp4:
