@@ -75,6 +75,13 @@ MUTATIONS = [
              "            loss = super().training_step(model, inputs, num_items_in_batch if stage == 0\n"
              "                                         else num_items_in_batch / 2)",
              r"ZeRO stages differ from stage 0 by", dict(max_steps=2, n_test=10), slow=True),
+    Mutation("07_trl_sft_gpt_oss", "FSDP summing the ranks' gradients instead of averaging them",
+             "    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):\n",
+             # FSDP2's own switch: divide the reduce-scattered gradients by 1 instead of the world size
+             "    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):\n"
+             "        [m.set_gradient_divide_factor(1.0) for m in model.modules()\n"
+             "         if hasattr(m, 'set_gradient_divide_factor')]\n",
+             r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
              "        model.module.load_state_dict(state[\"model\"])\n"
              "        optimizer.load_state_dict(state[\"optimizer\"])\n"
