@@ -1,9 +1,8 @@
 """The MXFP4 path of notebook 07, offline.
 
-A tiny GPT-OSS folder in the layout OpenAI ships (uint8 `*_blocks` / `*_scales` experts, `quant_method:
-mxfp4`)
-loads through the notebook's own `load_options`, is dequantized to bf16, and trains with LoRA on the attention
-and expert weights, on the CPU, in a few seconds."""
+A tiny GPT-OSS folder in the layout OpenAI ships (uint8 `*_blocks` / `*_scales` experts and
+`quant_method: mxfp4` in its config) loads through the notebook's own `load_options`, is dequantized to bf16,
+and trains with LoRA on the attention and expert weights, on the CPU, in a few seconds."""
 
 from __future__ import annotations
 
