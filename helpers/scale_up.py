@@ -50,6 +50,11 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "cluster_address": "auto", "processes": 8, "data_dir": "/shared/data", "train_size": 55000,
         "val_size": 5000, "test_size": 10000, "epochs": 20, "batch_size": 512, "lr": 0.2,
         "fail_at_epoch": None, "storage_path": "/shared/ray-results", "tracking_uri": "http://mlflow.example:5000"}),
+    ScaleUp("07_trl_sft_gpt_oss", "on 8 GPUs, gpt-oss-120b", {
+        "model_name": "openai/gpt-oss-120b", "strategy": "fsdp", "peft": "lora",
+        "dataset_path": "my_chats.jsonl",
+        "batch_size": 32, "lr": 0.0002, "epochs": 1, "max_length": 2048, "gradient_checkpointing": True,
+        "run_parity": False, "output_dir": "/models/gpt-oss-120b-lora"}),
 ]}
 
 

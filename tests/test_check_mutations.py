@@ -75,6 +75,15 @@ MUTATIONS = [
              "            loss = super().training_step(model, inputs, num_items_in_batch if stage == 0\n"
              "                                         else num_items_in_batch / 2)",
              r"ZeRO stages differ from stage 0 by", dict(max_steps=2, n_test=10), slow=True),
+    Mutation("07_trl_sft_gpt_oss", "FSDP summing the ranks' gradients instead of averaging them",
+             "    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, "
+             "**kwargs):\n",
+             # what a sum reduction does: every sharded (FSDP) gradient N times the mean; DDP's untouched
+             "    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, "
+             "**kwargs):\n"
+             "        [p.grad.mul_(args.world_size) for p in model.parameters()\n"
+             "         if p.grad is not None and hasattr(p.grad, 'to_local')]\n",
+             r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
              "        model.module.load_state_dict(state[\"model\"])\n"
              "        optimizer.load_state_dict(state[\"optimizer\"])\n"

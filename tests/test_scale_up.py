@@ -119,6 +119,15 @@ def _fashion(tmp: Path) -> dict[str, Any]:
                 storage_path=str(tmp / "ray-results"), tracking_uri=f"sqlite:///{tmp}/mlflow.db")
 
 
+def _gpt_oss(tmp: Path) -> dict[str, Any]:
+    from helpers.data.sft_tasks import build_sft_tasks
+    from helpers.models.gpt_oss import build_gpt_oss_checkpoint
+
+    chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
+    return dict(model_name=str(build_gpt_oss_checkpoint(tmp / "gpt-oss-120b", mxfp4=True)),
+                dataset_path=str(chats["train"]), output_dir=str(tmp / "gpt-oss-120b-lora"))
+
+
 # stand-ins (built in the test's folder), then the smaller settings a 2-core CPU needs, with the reason
 RUNS: dict[str, dict[str, Any]] = {
     "01_ddp_mlp": dict(stand_ins=None, cap=dict(max_steps=6), why=""),
@@ -135,6 +144,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "05_deepspeed_zero_sft": dict(stand_ins=_llama, cap=dict(max_steps=2, n_test=8), why=""),
     "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
                                 why="8 Ray Train workers do not fit 2 cores; 4 share them"),
+    "07_trl_sft_gpt_oss": dict(stand_ins=_gpt_oss, cap=dict(max_steps=2, n_test=8), why=""),
 }
 
 
@@ -205,6 +215,18 @@ def test_05_scale_up_saved_llama_folder(run_notebook, tmp_path):
     assert (tmp_path / "llama-sft" / "config.json").is_file()   # the fine-tuned model went where it was told
     assert metrics["zero_stage"] == 3 and 0 <= metrics["accuracy_after"] <= 1
     assert "run_parity=False" in stream_text(nb)
+
+
+@pytest.mark.notebook
+def test_07_scale_up_mxfp4_gpt_oss_folder(run_notebook, tmp_path):
+    """A GPT-OSS folder in the published MXFP4 layout (uint8 expert blocks and scales, `quant_method: mxfp4`)
+    through the same path as openai/gpt-oss-120b: dequantized while loading, FSDP2 + LoRA on attention and
+    experts with gradient checkpointing, the adapter saved, reloaded onto the base model and scored."""
+    nb, metrics = run_notebook("07_trl_sft_gpt_oss", **_run_parameters("07_trl_sft_gpt_oss", tmp_path))
+    assert (tmp_path / "gpt-oss-120b-lora" / "adapter_model.safetensors").is_file()
+    assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and 0 <= metrics["accuracy_after"] <= 1
+    out = stream_text(nb)
+    assert "'quantization_config': 'Mxfp4Config(dequantize=True)'" in out and "run_parity=False" in out
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Saved model folders built offline, in the layouts real checkpoints use (no download)."""

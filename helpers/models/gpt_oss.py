@@ -1,0 +1,123 @@
+"""A saved GPT-OSS model folder in the MXFP4 layout OpenAI ships, built offline and tiny.
+
+Why: `openai/gpt-oss-20b` and `-120b` are published with their expert weights quantized to MXFP4: each
+`mlp.experts.gate_up_proj` / `down_proj` is stored as `*_blocks` (uint8, two 4-bit values a byte, 32 values a
+block) and `*_scales` (uint8, one power-of-two exponent a block, biased by 127), and `config.json` says
+`"quantization_config": {"quant_method": "mxfp4", ...}`. Fine-tuning such a checkpoint in transformers means
+loading it with `Mxfp4Config(dequantize=True)` (bf16 weights a trainer can update), and that path can only be
+tested offline on a folder with the same layout. This module writes one: a `GptOssForCausalLM` of any small
+shape, its experts quantized exactly as the real files are, with the gallery's character tokenizer.
+
+    folder = build_gpt_oss_checkpoint(tmp / "gpt-oss-tiny", mxfp4=True)
+    AutoModelForCausalLM.from_pretrained(folder, quantization_config=Mxfp4Config(dequantize=True))
+
+The notebook (07) builds its own tiny model in plain bf16/fp32 layout where the reader sees it; this is only
+the stand-in for the downloaded checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.data.builds import reuse_or_build
+from helpers.paths import cache_dir
+
+# The 16 values a 4-bit MXFP4 (E2M1) code stands for: sign bit 8, then 0, 0.5, 1, 1.5, 2, 3, 4, 6
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+BLOCK = 32  # values per scale
+# What OpenAI's configs leave in bf16 (transformers reads this list)
+MODULES_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                         "lm_head"]
+_FORMAT_VERSION = 1
+
+
+def quantize_mxfp4(weight):
+    """(blocks, scales) of an expert weight `[experts, in, out]`, in the layout of the published files.
+
+    Blocks are `[experts, out, in / 32, 16]` uint8 (low nibble first), scales `[experts, out, in / 32]` uint8:
+    per block of 32 inputs, the exponent e that brings the block's largest magnitude to at most 6 (FP4's
+    largest value), stored as e + 127; each value is rounded to the nearest FP4 value times 2**e.
+    """
+    import torch
+
+    experts, n_in, n_out = weight.shape
+    if n_in % BLOCK:
+        raise ValueError(f"MXFP4 packs {BLOCK} values a block: the input size {n_in} must be a multiple "
+                         f"of {BLOCK}")
+    w = weight.detach().float().transpose(1, 2).reshape(experts, n_out, n_in // BLOCK, BLOCK)
+    peak = w.abs().amax(dim=-1).clamp_min(2.0**-126)
+    exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
+    scaled = w / torch.exp2(exponent)[..., None]
+    values = torch.tensor(FP4_VALUES[:8])
+    code = (scaled.abs()[..., None] - values).abs().argmin(dim=-1)          # nearest magnitude, 0..7
+    code = code | ((scaled < 0) & (code > 0)).to(code.dtype) << 3           # sign bit
+    code = code.to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)                        # two values a byte, low first
+    scales = (exponent + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def save_mxfp4(model, folder: str | Path) -> None:
+    """Write a `GptOssForCausalLM` as OpenAI ships it: experts as MXFP4 blocks and scales, the rest bf16."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            tensors[name + "_blocks"], tensors[name + "_scales"] = quantize_mxfp4(tensor)
+        else:
+            tensors[name] = tensor.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MODULES_NOT_CONVERTED}
+    config["torch_dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = True, hidden_size: int = 64,
+                             layers: int = 2, experts: int = 4, experts_per_token: int = 2,
+                             sliding_window: int = 8, seed: int = 0) -> Path:
+    """Write (or reuse) a tiny GPT-OSS folder and return it: `config.json`, `model.safetensors`, tokenizer.
+
+    The architecture's real options at a small size: alternating sliding/full attention, attention sinks,
+    grouped-query attention, top-k routing over `experts` experts, untied embeddings. `mxfp4=True` stores the
+    experts as the published checkpoints do; `False`, as `save_pretrained` does.
+    """
+    if hidden_size % 32:
+        raise ValueError(f"hidden_size={hidden_size}: MXFP4 blocks hold 32 values; use a multiple of 32.")
+    args = {"mxfp4": mxfp4, "hidden_size": hidden_size, "layers": layers, "experts": experts,
+            "experts_per_token": experts_per_token, "sliding_window": sliding_window, "seed": seed,
+            "version": _FORMAT_VERSION}
+    folder = Path(root) if root is not None else cache_dir(
+        "gpt_oss_checkpoint", f"{'mxfp4' if mxfp4 else 'bf16'}-h{hidden_size}-l{layers}-e{experts}-s{seed}")
+    names = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    files = [folder / n for n in names]
+
+    def write() -> None:
+        import torch
+        from transformers import GptOssConfig, GptOssForCausalLM
+
+        from helpers.tokenizers import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        config = GptOssConfig(
+            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size, head_dim=16,
+            num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
+            num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=experts_per_token,
+            sliding_window=sliding_window, max_position_embeddings=256, rope_scaling=None,
+            tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+        torch.manual_seed(seed)
+        model = GptOssForCausalLM(config)
+        if mxfp4:
+            save_mxfp4(model, folder)
+        else:
+            model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    reuse_or_build(folder, args, files, write)
+    return folder
