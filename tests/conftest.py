@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,63 @@ def run_notebook(tmp_path):
 
     return run
 
+
+
+@dataclass
+class Refusal:
+    """How the notebook stopped on one bad parameter set: the exception ("ValueError: ..."), everything the
+    cells printed before it, and the index of the cell that raised."""
+
+    error: str
+    output: str
+    cell: int   # index of the cell that raised, in the notebook as stored
+
+
+@pytest.fixture
+def refusals():
+    """refusals('05_deepspeed_zero_sft', {"zero_stage": 4}, {...}) -> one Refusal per parameter set.
+
+    Each set runs the notebook's code cells, with the set injected after the parameters cell as papermill
+    injects it, until a cell raises; a set the notebook runs to the end fails the test. The sets share one
+    kernel, as a user in Jupyter who fixes a parameter and runs the cells again: the cells are re-run from
+    the parameters cell down, so every name is redefined, and the imports are paid once (a papermill run
+    per set started a kernel and imported torch, DeepSpeed or transformers each time, 20-30 s apiece).
+    """
+    from nbclient import NotebookClient
+    from papermill.translators import translate_parameters
+
+    from helpers.execute import KERNEL_NAME, check_parameters
+
+    def run(stem: str | Path, *cases: dict[str, Any]) -> list[Refusal]:
+        path = stem if isinstance(stem, Path) else notebook_path(stem)
+        for case in cases:
+            check_parameters(path, case)
+        nb = nbformat.read(str(path), as_version=4)
+        first = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        defaults = nb.cells[first].source   # read now: the client writes each executed cell into `nb`
+        code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > first]
+        # allow_errors: an error is read from the cell's outputs. Without it the kernel is asked to stop on
+        # the error, and then drops the next requests it receives (the next set's first cells).
+        client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=900, allow_errors=True,
+                                resources={"metadata": {"path": str(path.parent)}},
+                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        found: list[Refusal] = []
+        with client.setup_kernel():
+            for case in cases:
+                injected = translate_parameters(KERNEL_NAME, "python", case, "Injected parameters")
+                cells = [(first, defaults), (first, injected), *code]
+                printed: list[str] = []
+                for index, source in cells:
+                    cell = nbformat.v4.new_code_cell(source)
+                    client.execute_cell(cell, index)
+                    printed += [o.get("text", "") for o in cell.outputs if o.output_type == "stream"]
+                    errors = [o for o in cell.outputs if o.output_type == "error"]
+                    if errors:
+                        error = f"{errors[0].ename}: {errors[0].evalue}"
+                        found.append(Refusal(error=error, output="".join(printed), cell=index))
+                        break
+                else:
+                    pytest.fail(f"{stem} ran to the end with {case}: nothing refused it")
+        return found
+
+    return run

@@ -21,12 +21,10 @@ def test_one_process(run_notebook):
     assert "[rank0] rank 0/1 on cpu" in out  # the rank's own line reached the cell, prefixed
 
 
-def test_user_csv_and_missing_csv(run_notebook, tmp_path):
-    """data_dir reads a user's CSV (here 1,000 rows of the digits, so the split shows it was this file);
-    a folder without one fails with a message naming the fix. Training is capped: learning at the
-    defaults is nbval's run."""
+def test_user_csv(run_notebook, tmp_path):
+    """data_dir reads a user's CSV (here 1,000 rows of the digits, so the split shows it was this file).
+    Training is capped: learning at the defaults is nbval's run."""
     import pandas as pd
-    from papermill.exceptions import PapermillExecutionError
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -39,9 +37,6 @@ def test_user_csv_and_missing_csv(run_notebook, tmp_path):
     assert "train (800, 64), test (200, 64), 10 classes" in stream_text(nb)
     assert 0 <= metrics["test_accuracy"] <= 1
 
-    with pytest.raises(PapermillExecutionError, match="has no digits.csv"):
-        run_notebook("01_ddp_mlp", data_dir=str(tmp_path / "empty"))
-
 
 def test_broken_training_fails_the_notebook(run_notebook):
     """The regression guard bites: with a learning rate of 0 nothing is learned, and the checks say so."""
@@ -51,9 +46,9 @@ def test_broken_training_fails_the_notebook(run_notebook):
         run_notebook("01_ddp_mlp", lr=0.0, epochs=2, parity_steps=2)
 
 
-def test_step_cap_of_zero_is_refused_before_launch(run_notebook):
-    from papermill.exceptions import PapermillExecutionError
-
-    with pytest.raises(PapermillExecutionError, match="max_steps=0: set a whole number of steps") as info:
-        run_notebook("01_ddp_mlp", max_steps=0)
-    assert "[rank" not in str(info.value)
+def test_bad_input_is_refused_before_launch(refusals, tmp_path):
+    """A folder without digits.csv, and a step cap of 0: each fails with a message naming the fix."""
+    missing, zero = refusals("01_ddp_mlp", {"data_dir": str(tmp_path / "empty")}, {"max_steps": 0})
+    assert "has no digits.csv" in missing.error
+    assert "max_steps=0: set a whole number of steps" in zero.error
+    assert "[rank" not in missing.output + zero.output   # nothing was launched

@@ -13,19 +13,19 @@ pytestmark = pytest.mark.notebook
 
 
 
-def test_bad_ratings_fail_before_any_mds(run_notebook, tmp_path):
-    from papermill.exceptions import PapermillExecutionError
-
+def test_bad_ratings_fail_before_any_mds(refusals, tmp_path):
     from helpers.data.movielens import build_movielens
 
     good = build_movielens(tmp_path / "ml", num_users=30, num_movies=40, min_ratings=10, max_ratings=20)
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "ratings.csv").write_text(good.ratings_csv.read_text().replace("userId,", "user,", 1))
-    (bad / "movies.csv").write_text(good.movies_csv.read_text())
-    with pytest.raises(PapermillExecutionError, match=r"missing column\(s\) \['userId'\]"):
-        run_notebook("03_lightning_two_tower_mds", data_dir=str(bad), mds_dir=str(tmp_path / "mds"))
-    assert not (tmp_path / "mds").exists()
-    with pytest.raises(PapermillExecutionError, match=r"has no movies.csv"):
-        (bad / "movies.csv").unlink()
-        run_notebook("03_lightning_two_tower_mds", data_dir=str(bad), mds_dir=str(tmp_path / "mds"))
+    bad_column, no_movies = tmp_path / "bad", tmp_path / "no-movies"
+    for folder in (bad_column, no_movies):
+        folder.mkdir()
+    (bad_column / "ratings.csv").write_text(good.ratings_csv.read_text().replace("userId,", "user,", 1))
+    (bad_column / "movies.csv").write_text(good.movies_csv.read_text())
+    (no_movies / "ratings.csv").write_text(good.ratings_csv.read_text())
+    column, movies = refusals("03_lightning_two_tower_mds",
+                              dict(data_dir=str(bad_column), mds_dir=str(tmp_path / "mds")),
+                              dict(data_dir=str(no_movies), mds_dir=str(tmp_path / "mds")))
+    assert "missing column(s) ['userId']" in column.error
+    assert "has no movies.csv" in movies.error
+    assert not (tmp_path / "mds").exists(), "MDS shards were written from bad input"

@@ -13,8 +13,6 @@ pytestmark = pytest.mark.notebook
 
 
 
-def test_bad_fail_at_epoch_is_refused_before_training(run_notebook):
-    from papermill.exceptions import PapermillExecutionError
-
-    with pytest.raises(PapermillExecutionError, match="must be None or between 2 and epochs"):
-        run_notebook("06_ray_train_resnet", fail_at_epoch=1)
+def test_bad_fail_at_epoch_is_refused_before_training(refusals):
+    [refusal] = refusals("06_ray_train_resnet", {"fail_at_epoch": 1})
+    assert "must be None or between 2 and epochs" in refusal.error

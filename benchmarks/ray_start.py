@@ -1,0 +1,61 @@
+"""What a Ray Train run costs before and after the training function: the gallery's fixed Ray overhead.
+
+Each `TorchTrainer.fit()` starts a worker group (controller actor, one actor per worker, the torch process
+group) before the training function runs, and tears it down after. On 2 CPU cores that fixed cost, not the
+training, dominates notebook 06 and the Ray launcher tests, so it is measured here on its own: the time
+to start a private instance, then for each of several `fit()` calls of a function that only stamps the
+clock, the time until every worker has started the function (start) and until `fit()` returns (total).
+
+    python benchmarks/ray_start.py [--fits 3] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def _loop(config: dict) -> None:
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    with open(os.path.join(config["stamps"], str(rank)), "w") as f:
+        f.write(str(time.time()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fits", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+
+    from helpers.launch.ray import ray_session
+
+    t0 = time.perf_counter()
+    with ray_session("ray") as ray:
+        figures: dict = {"instance_start_s": round(time.perf_counter() - t0, 1), "fits": []}
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        for i in range(args.fits):
+            storage = tempfile.mkdtemp(prefix="ray-start-")
+            stamps = tempfile.mkdtemp(prefix="ray-start-stamps-")
+            trainer = TorchTrainer(_loop, train_loop_config={"stamps": stamps},
+                                   scaling_config=ScalingConfig(num_workers=args.workers),
+                                   torch_config=TorchConfig(backend="gloo"),
+                                   run_config=RunConfig(name=f"start{i}", storage_path=storage))
+            start = time.time()
+            trainer.fit()
+            total = time.time() - start
+            first = max(float(open(os.path.join(stamps, name)).read()) for name in os.listdir(stamps)) - start
+            figures["fits"].append({"until_function_s": round(first, 1), "fit_total_s": round(total, 1)})
+        print(json.dumps(figures))
+    print(f"shutdown done at {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
