@@ -1,9 +1,9 @@
 """Notebook 05 under papermill with parameters other than the stored defaults.
 
 The stored notebook (ZeRO-3 on 2 processes) is executed by nbval, with its learning bars and reference run;
-this file runs the other stage, ZeRO-2 on 2 processes, for a few fine-tuning steps (`max_steps`): stage
-parity and sharding are checked inside the notebook at any size. And the bad-input cases that must fail
-before any launch.
+this file runs the other stage, ZeRO-2 on 2 processes, for a few fine-tuning steps (`max_steps`), without the
+stage-parity runs (nbval's run compares stages 0-3, this one included): the sharding is checked inside the
+notebook at any size. And the bad-input cases that must fail before any launch.
 A dataset file with a missing field is tested on the validation function itself (test_data_sft_tasks.py).
 """
 
@@ -15,10 +15,9 @@ pytestmark = pytest.mark.notebook
 
 
 def test_zero_stage_2_two_processes(run_notebook):
-    nb, metrics = run_notebook("05_deepspeed_zero_sft", zero_stage=2, processes=2, n_test=20, parity_steps=2,
+    nb, metrics = run_notebook("05_deepspeed_zero_sft", zero_stage=2, processes=2, n_test=20, run_parity=False,
                                max_steps=12)
     assert metrics["zero_stage"] == 2 and metrics["processes"] == 2
-    assert metrics["parity_max_abs_diff"] < 1e-4
     out = stream_text(nb)
     assert "[rank1] rank 1/2: holds" in out  # both ranks ran and reported to the cell
     assert "ZeRO-2: 12 steps" in out

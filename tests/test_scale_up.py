@@ -136,7 +136,7 @@ RUNS: dict[str, dict[str, Any]] = {
         why="a step of 64 images at 800 px through ResNet-50-FPN is about 30 TFLOP (minutes on 2 cores) and "
             "needs over 30 GB of activations; even one image at 800 px takes a rank tens of seconds a pass, "
             "so the 640 x 480 JPEGs are resized to 320 px"),
-    "03_lightning_two_tower_mds": dict(stand_ins=_movielens, cap=dict(max_steps=2, parity_steps=2), why=""),
+    "03_lightning_two_tower_mds": dict(stand_ins=_movielens, cap=dict(max_steps=2), why=""),
     "04_fsdp_transformer": dict(
         stand_ins=lambda tmp: dict(checkpoint_dir=str(tmp / "ckpt")),
         cap=dict(max_steps=3, batch_size=16, parity_steps=2, eval_batches=1),
@@ -255,13 +255,3 @@ def test_06_scale_up_on_a_ray_cluster(run_notebook, tmp_path, monkeypatch, ray_c
     runs = client.search_runs([client.get_experiment_by_name("06_ray_train_resnet").experiment_id])
     assert len(runs) == 1 and runs[0].data.params["fail_at_epoch"] == "None"
     assert "train (55000, 28, 28), validation (5000, 28, 28), test (10000, 28, 28)" in stream_text(nb)
-
-
-@pytest.mark.notebook
-def test_a_list_given_with_p_is_refused_with_the_fix(run_notebook):
-    """`-p anchor_ratios '[0.5, 1.0, 2.0]'` gives the notebook text; it must say so before anything starts."""
-    from papermill.exceptions import PapermillExecutionError
-
-    with pytest.raises(PapermillExecutionError, match="pass it as YAML instead") as info:
-        run_notebook("02_ddp_retinanet", anchor_ratios="[0.5, 1.0, 2.0]")
-    assert "[rank" not in str(info.value)
