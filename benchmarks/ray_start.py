@@ -36,7 +36,7 @@ def main() -> None:
     from helpers.launch.ray import ray_session
 
     t0 = time.perf_counter()
-    with ray_session("ray") as ray:
+    with ray_session("ray"):
         figures: dict = {"instance_start_s": round(time.perf_counter() - t0, 1), "fits": []}
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.notebook
 
 
 def test_zero_stage_2_two_processes(run_notebook):
-    nb, metrics = run_notebook("05_deepspeed_zero_sft", zero_stage=2, processes=2, n_test=20, run_parity=False,
-                               max_steps=12)
+    nb, metrics = run_notebook("05_deepspeed_zero_sft", zero_stage=2, processes=2, n_test=20,
+                               run_parity=False, max_steps=12)
     assert metrics["zero_stage"] == 2 and metrics["processes"] == 2
     out = stream_text(nb)
     assert "[rank1] rank 1/2: holds" in out  # both ranks ran and reported to the cell
