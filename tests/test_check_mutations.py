@@ -29,7 +29,7 @@ class Mutation:
     mutated: str        # what the bug makes of it
     expected: str       # the check's message (a regular expression)
     parameters: dict[str, Any] = field(default_factory=dict)
-    slow: bool = False  # a run of minutes: in `make mutation`, not in `make test`
+    slow: bool = False  # a run of 35 s or more: in `make mutation`, not in `make test`
 
 
 MUTATIONS = [
@@ -43,19 +43,20 @@ MUTATIONS = [
              # no_sync must cover the forward pass: DDP decides there whether the backward all-reduces
              "            with model.no_sync(), torch.autocast(**autocast):\n"
              "                loss = loss_fn(model(x), y)\n                scaler.scale(loss).backward()",
-             r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
+             r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2), slow=True),
     Mutation("01_ddp_mlp", "no set_epoch: every epoch in the same order",
              "        sampler.set_epoch(epoch)          "
              "# a different shuffle each epoch, the same on every rank\n",
              "",
-             r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2)),
+             r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2),
+             slow=True),
     Mutation("04_fsdp_transformer", "FSDP summing the ranks' gradients instead of averaging them",
              "        scaler.scale(loss).backward()                     "
              "# FSDP reduce-scatters the gradients here",
              # what a sum reduction does: every rank's gradient counted in full, N times the mean (FSDP only)
              "        scaler.scale(loss * (ctx.world_size if cfg['strategy'] == 'fsdp' else 1)).backward()",
              r"FSDP and DDP losses differ by",
-             dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, eval_batches=1)),
+             dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, eval_batches=1), slow=True),
     Mutation("04_fsdp_transformer", "a resume that restores nothing",
              "        set_state_dict(model, optimizer, model_state_dict=state[\"model\"], "
              "optim_state_dict=state[\"optim\"])\n",
