@@ -87,8 +87,8 @@ def refusals():
         first = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
         defaults = nb.cells[first].source   # read now: the client writes each executed cell into `nb`
         code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > first]
-        # allow_errors: an error is read from the cell's outputs. Without it the kernel is asked to stop on
-        # the error, and then drops the next requests it receives (the next set's first cells).
+        # allow_errors: a raising cell leaves its error among its outputs (read below) instead of raising
+        # here, and the same kernel goes on with the next set.
         client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=900, allow_errors=True,
                                 resources={"metadata": {"path": str(path.parent)}},
                                 extra_arguments=["--IPKernelApp.log_level=ERROR"])
