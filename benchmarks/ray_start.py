@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 
 
 def _loop(config: dict) -> None:
@@ -51,7 +52,7 @@ def main() -> None:
             start = time.time()
             trainer.fit()
             total = time.time() - start
-            first = max(float(open(os.path.join(stamps, name)).read()) for name in os.listdir(stamps)) - start
+            first = max(float(stamp.read_text()) for stamp in Path(stamps).iterdir()) - start
             figures["fits"].append({"until_function_s": round(first, 1), "fit_total_s": round(total, 1)})
         print(json.dumps(figures))
     print(f"shutdown done at {time.perf_counter() - t0:.1f} s")
