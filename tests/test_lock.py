@@ -69,3 +69,20 @@ def test_pins_parser_refuses_loose_lines(tmp_path):
     bad.write_text("torch==2.1\nTorch==2.2\n")
     with pytest.raises(AssertionError, match="twice"):
         _pins(bad)
+
+
+def test_installed_packages_carry_their_bytecode():
+    """Without .pyc files every rank, kernel and Ray worker compiles torch and Ray from source on start
+    (where PYTHONDONTWRITEBYTECODE is set, every time): tools/build_venv.py's uv `--compile-bytecode`."""
+    import importlib.util
+
+    missing = []
+    for name in ("torch.nn.modules.module", "ray._private.worker", "pandas.core.frame",
+                 "transformers.modeling_utils"):
+        source = importlib.util.find_spec(name).origin
+        if not Path(importlib.util.cache_from_source(source)).is_file():
+            missing.append(source)
+    assert not missing, (
+        f"no bytecode for {missing}: the environment was installed without it (uv pip install without "
+        "--compile-bytecode); rebuild it with `make clean-venv venv`, or run "
+        "`python -m compileall -q -j 0 $(python -c 'import site; print(site.getsitepackages()[0])')`")
