@@ -86,3 +86,30 @@ def test_installed_packages_carry_their_bytecode():
         f"no bytecode for {missing}: the environment was installed without it (uv pip install without "
         "--compile-bytecode); rebuild it with `make clean-venv venv`, or run "
         "`python -m compileall -q -j 0 $(python -c 'import site; print(site.getsitepackages()[0])')`")
+
+
+def test_what_the_overrides_leave_out_is_neither_locked_nor_installed():
+    """rfc3987-syntax made every Ray process build a Lark grammar on import (lock-overrides.txt): a
+    `make lock` without the overrides, or an environment built before them, would bring it back unnoticed."""
+    import importlib.metadata
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from build_venv import excluded_packages
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    excluded = excluded_packages()
+    assert "rfc3987-syntax" in excluded
+    pins = _pins(ROOT / "requirements.lock")
+    locked = [name for name in excluded if canonicalize_name(name) in pins]
+    assert not locked, f"requirements.lock pins {locked}, left out by lock-overrides.txt: run `make lock`"
+    installed = []
+    for name in excluded:
+        try:
+            importlib.metadata.distribution(name)
+            installed.append(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    assert not installed, (f"{installed} installed although lock-overrides.txt leaves it out: "
+                           "`python tools/build_venv.py` removes it, or `pip uninstall` it")

@@ -4,7 +4,9 @@
 uv installs the same pinned lock as pip in a fraction of the time (this machine: see
 benchmarks/setup_time.py); where uv is not on PATH it is installed with pip into the new environment
 first (a few seconds), and where that fails too the environment is built with pip, after a one-line
-notice. Either way the result is the same set of pinned packages.
+notice. Either way the result is the same set of pinned packages: the lock is installed as it is,
+without resolving again (`--no-deps`; it is complete, being a resolution), so that what
+lock-overrides.txt leaves out stays out, and is removed from an environment built before it was left out.
 
 Both write the packages' bytecode (.pyc) at install time: pip does by default, uv only when asked
 (`--compile-bytecode`), and without it every process compiles every module it imports from source, on
@@ -35,6 +37,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_CONSTRAINTS = ROOT / "lock-constraints.txt"
+LOCK_OVERRIDES = ROOT / "lock-overrides.txt"
+
+
+def excluded_packages(overrides: Path = LOCK_OVERRIDES) -> list[str]:
+    """The packages lock-overrides.txt leaves out (a marker that never holds): see that file for why."""
+    names = []
+    for line in overrides.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.replace("'", '"').replace(" ", "").endswith('sys_platform=="never"'):
+            names.append(line.split(";", 1)[0].strip())
+    return names
 
 
 def pip_settings(python: str = sys.executable) -> dict[str, list[str]]:
@@ -139,10 +152,12 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
         args, env = uv_arguments(pip_settings(str(python)))
         try:
             run(
-                [uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), *args,
-                 "-r", str(lock)],
+                [uv, "pip", "install", "--quiet", "--compile-bytecode", "--no-deps", "--python", str(python),
+                 *args, "-r", str(lock)],
                 env,
             )
+            if excluded_packages():
+                run([uv, "pip", "uninstall", "--quiet", "--python", str(python), *excluded_packages()], env)
             if editable is not None:
                 run(
                     [
@@ -167,7 +182,9 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     else:
         print("notice: uv is not available; installing with pip (slower)", flush=True)
     ensure_pip(python)
-    run([str(python), "-m", "pip", "install", "--quiet", "-r", str(lock)])
+    run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-r", str(lock)])
+    if excluded_packages():
+        run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", *excluded_packages()])
     if editable is not None:
         run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(editable)])
     return "pip"
@@ -192,6 +209,8 @@ def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
         "3.11",
         "--constraint",
         LOCK_CONSTRAINTS.name,
+        "--override",
+        LOCK_OVERRIDES.name,
         "--no-header",
         "--quiet",
         *args,
