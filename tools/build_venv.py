@@ -148,6 +148,7 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     uv = find_uv(python) if installer in ("auto", "uv") else None
     if uv is None and installer == "uv":
         raise SystemExit("--installer uv: uv is not on PATH and could not be installed with pip")
+    excluded = excluded_packages()
     if uv is not None:
         args, env = uv_arguments(pip_settings(str(python)))
         try:
@@ -156,8 +157,8 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
                  *args, "-r", str(lock)],
                 env,
             )
-            if excluded_packages():
-                run([uv, "pip", "uninstall", "--quiet", "--python", str(python), *excluded_packages()], env)
+            if excluded:
+                run([uv, "pip", "uninstall", "--quiet", "--python", str(python), *excluded], env)
             if editable is not None:
                 run(
                     [
@@ -183,8 +184,8 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
         print("notice: uv is not available; installing with pip (slower)", flush=True)
     ensure_pip(python)
     run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-r", str(lock)])
-    if excluded_packages():
-        run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", *excluded_packages()])
+    if excluded:
+        run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", *excluded])
     if editable is not None:
         run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(editable)])
     return "pip"
