@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helpers._env import temporary_environ  # noqa: E402
+from helpers._env import temporary_environ, with_own_inductor_cache  # noqa: E402
 from helpers.execute import execute_notebook  # noqa: E402
 from helpers.gallery import discover  # noqa: E402
 from helpers.reference import REFERENCES_DIR, measured_values  # noqa: E402
@@ -95,7 +95,8 @@ def run_variant(notebook: Path, variant: str, out_dir: Path, reuse: bool = False
         }
     start = time.perf_counter()
     error = None
-    with temporary_environ({**env, "GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}):
+    measuring = {"GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}
+    with temporary_environ({**with_own_inductor_cache(env), **measuring}):
         try:
             execute_notebook(notebook, out, params, timeout=1800)
         except Exception as e:  # a failing bar is a finding too: report it, keep measuring the others

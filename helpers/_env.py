@@ -30,3 +30,23 @@ def temporary_environ(values: Mapping[str, str | None], keep_existing: Iterable[
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def with_own_inductor_cache(env: Mapping[str, str]) -> dict[str, str]:
+    """`env`, plus a torch.compile cache of its own when it changes ATen's instruction set.
+
+    Why: torch 2.14's Inductor reuses kernels from its on-disk cache across ATEN_CPU_CAPABILITY values.
+    Measured here (2026-12-02, AVX-512 host): after a process compiled notebook 10's GPT under
+    ATEN_CPU_CAPABILITY=avx2, a process without it loaded the cached kernels and died ("malloc(): unaligned
+    tcache chunk detected", "free(): invalid pointer"), and the reverse order gave NaN losses. A simulated
+    instruction set (the nbval variants, the reference-spread runs) must not poison the cache that the
+    user's own runs read, so each capability gets its own folder.
+    """
+    import getpass
+    import tempfile
+
+    capability = env.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return dict(env)
+    folder = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_aten_{capability}")
+    return {**env, "TORCHINDUCTOR_CACHE_DIR": folder}
