@@ -32,6 +32,9 @@ class Mutation:
     slow: bool = False  # in `make mutation` only: `make test`'s time budget keeps just the cheapest ones
 
 
+# notebook 10 at a small size: no compilation (its check is not the one under test), one resume
+_NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
+
 MUTATIONS = [
     Mutation("01_ddp_mlp", "the ranks' gradients summed instead of averaged",
              "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
@@ -85,6 +88,16 @@ MUTATIONS = [
              "        [p.grad.mul_(args.world_size) for p in model.parameters()\n"
              "         if p.grad is not None and hasattr(p.grad, 'to_local')]\n",
              r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
+    Mutation("10_fast_and_elastic", "accumulation that forgets to divide each micro-batch's loss",
+             "                        scaler.scale(loss / micro).backward()   "
+             "# 1/micro each: the step's mean loss",
+             "                        scaler.scale(loss).backward()",
+             r"accumulated steps differ from one-piece steps", _NB10_SMALL, slow=True),
+    Mutation("10_fast_and_elastic", "no_sync never entered: every micro-batch all-reduced",
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and not last and "
+             "cfg[\"strategy\"] == \"ddp\"",
+             "                keep_local = False",
+             r"no_sync did not skip the all-reduces", _NB10_SMALL, slow=True),
     Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
              "        model.module.load_state_dict(state[\"model\"])\n"
              "        optimizer.load_state_dict(state[\"optimizer\"])\n"

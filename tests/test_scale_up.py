@@ -145,6 +145,9 @@ RUNS: dict[str, dict[str, Any]] = {
     "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
                                 why="8 Ray Train workers do not fit 2 cores; 4 share them"),
     "07_trl_sft_gpt_oss": dict(stand_ins=_gpt_oss, cap=dict(max_steps=2, n_test=8), why=""),
+    "10_fast_and_elastic": dict(
+        stand_ins=lambda tmp: dict(run_dir=str(tmp / "nb10")), cap=dict(max_steps=4, batch_size=16),
+        why="one step of 256 x 256 tokens through the 10M model is about 4 TFLOP (a minute on 2 cores)"),
 }
 
 
@@ -227,6 +230,19 @@ def test_07_scale_up_mxfp4_gpt_oss_folder(run_notebook, tmp_path):
     assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and 0 <= metrics["accuracy_after"] <= 1
     out = stream_text(nb)
     assert "'quantization_config': 'Mxfp4Config(dequantize=True)'" in out and "run_parity=False" in out
+
+
+@pytest.mark.notebook
+def test_10_scale_up_10m_preset_resumed_on_4_and_8_ranks(run_notebook, tmp_path):
+    """The 10M model with 8 micro-batches a step, every technique on it, the 2-rank checkpoint resumed on
+    4 and on 8 CPU processes; traces and checkpoint in the given run_dir."""
+    nb, metrics = run_notebook("10_fast_and_elastic", **_run_parameters("10_fast_and_elastic", tmp_path))
+    assert 9e6 < metrics["parameters"] < 12e6, metrics["parameters"]
+    assert metrics["allreduces_per_step_naive"] == 8 * metrics["allreduces_per_step_no_sync"]
+    assert metrics["resume_max_abs_diff"] < 1e-3
+    assert "resumed on 4 rank(s)" in stream_text(nb) and "resumed on 8 rank(s)" in stream_text(nb)
+    assert sorted(p.name for p in (tmp_path / "nb10" / "traces").iterdir()) == ["rank0.json", "rank1.json"]
+    assert (tmp_path / "nb10" / "checkpoint" / "step_000002" / ".metadata").is_file()
 
 
 @pytest.fixture
