@@ -23,7 +23,7 @@ def test_bad_parameters_are_refused_before_any_launch(refusals):
     errors = [r.error for r in found]
     assert "micro_batches=3 does not divide" in errors[0]
     assert "use -y 'resume_world_sizes: [1, 4]'" in errors[1]
-    assert "does not split over the 3 ranks of the resume on 3" in errors[2] and "multiple of 12" in errors[2]
+    assert "does not split over the 3 ranks of the resume on 3" in errors[2] and "multiple of 24" in errors[2]
     assert "straggler_ms=-5" in errors[3]
     assert "at least 4 steps" in errors[4]
     assert all("[rank" not in r.output for r in found), "a process started before the refusal"
