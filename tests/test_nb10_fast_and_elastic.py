@@ -18,13 +18,13 @@ def test_bad_parameters_are_refused_before_any_launch(refusals):
         dict(resume_world_sizes="[1, 4]"),            # what -p gives for a list
         dict(resume_world_sizes=[1, 3]),              # 16 sequences do not split over 3 ranks
         dict(straggler_ms=-5),
-        dict(steps=3),
+        dict(steps=1),
     )
     errors = [r.error for r in found]
     assert "micro_batches=3 does not divide" in errors[0]
     assert "use -y 'resume_world_sizes: [1, 4]'" in errors[1]
     assert "does not split over the 3 ranks of the resume on 3" in errors[2] and "multiple of 24" in errors[2]
     assert "straggler_ms=-5" in errors[3]
-    assert "at least 4 steps" in errors[4]
+    assert "at least 2 steps" in errors[4]
     assert all("[rank" not in r.output for r in found), "a process started before the refusal"
     assert {r.cell for r in found} == {found[0].cell}, "refused in different cells: some after expensive work"
