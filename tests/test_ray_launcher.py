@@ -115,13 +115,19 @@ def attached_ray(two_nodes):
         ray.shutdown()
 
 
-def test_errors_and_restarts_on_an_existing_instance(attached_ray, capfd):
+def test_errors_and_restarts_on_an_existing_instance(attached_ray, capfd, tmp_path):
     """On a `ray.init()` the test made: a Ray Dataset argument reaches each rank as its shard,
-    max_restarts=1 restarts the group once, and the rank's exception comes back as its own type."""
+    max_restarts=1 restarts the group once, and the rank's exception comes back as its own type.
+
+    A failing rank tears its group down, so rank 1 waits for rank 0's line of the same attempt to
+    be printed (a marker file) before it raises; without that, rank 0's line is a race (CI lost it once).
+    """
     import ray.data
 
     class BadBatch(ValueError):
         pass
+
+    markers = str(tmp_path)
 
     @distributed(processes=2, cluster="ray", max_restarts=1)
     def flaky(data):
@@ -129,7 +135,14 @@ def test_errors_and_restarts_on_an_existing_instance(attached_ray, capfd):
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         rows = [int(x) for batch in data.iter_batches(batch_size=4) for x in batch["x"]]
         print(f"attempt {attempt}: {len(rows)} rows")
+        marker = os.path.join(markers, f"rank0-printed-{attempt}")
+        if ctx.rank == 0:
+            open(marker, "w").close()
         if ctx.rank == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # rank 0's line is sent to the collector asynchronously
             raise BadBatch(f"rank {ctx.rank} got a bad batch")
 
     with pytest.raises(BadBatch, match="rank 1 of 2 raised BadBatch") as info:
