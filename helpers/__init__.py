@@ -4,6 +4,7 @@
 `helpers.launch.launch`.
 """
 
+from helpers import _quiet
 from helpers.context import WorkerContext, worker_context
 from helpers.launch import (
     DistributedFunction,
@@ -19,6 +20,8 @@ from helpers.launch import (
 from helpers.metrics import record_metrics
 from helpers.progress import progress_bar
 from helpers.reference import check_against_reference
+
+_quiet.install()
 
 __all__ = [
     "DistributedFunction",

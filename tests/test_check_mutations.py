@@ -88,6 +88,11 @@ MUTATIONS = [
              "        [p.grad.mul_(args.world_size) for p in model.parameters()\n"
              "         if p.grad is not None and hasattr(p.grad, 'to_local')]\n",
              r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
+    Mutation("08_unsloth_llama", "ranks that never all-reduce (each steps on its own gradients)",
+             "            loss = super().training_step(model, inputs, num_items_in_batch)\n",
+             "            with model.no_sync():   # model: the DDP wrapper TRL made\n"
+             "                loss = super().training_step(model, inputs, num_items_in_batch)\n",
+             r"the ranks ended with different adapters", dict(max_steps=2, n_test=8), slow=True),
     Mutation("10_fast_and_elastic", "accumulation that forgets to divide each micro-batch's loss",
              "                        scaler.scale(loss / micro).backward()   "
              "# 1/micro each: the step's mean loss",

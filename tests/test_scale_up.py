@@ -145,6 +145,9 @@ RUNS: dict[str, dict[str, Any]] = {
     "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
                                 why="8 Ray Train workers do not fit 2 cores; 4 share them"),
     "07_trl_sft_gpt_oss": dict(stand_ins=_gpt_oss, cap=dict(max_steps=2, n_test=8), why=""),
+    "08_unsloth_llama": dict(
+        stand_ins=_llama, cap=dict(max_steps=2, n_test=8, compare_plain=True, compare_steps=3),
+        why="not a cut: the plain TRL + PEFT comparison, on by default only on GPUs, runs here too"),
     "10_fast_and_elastic": dict(
         stand_ins=lambda tmp: dict(run_dir=str(tmp / "nb10")),
         cap=dict(max_steps=2, batch_size=16, profile_steps=1, compile_model=False),
@@ -232,6 +235,23 @@ def test_07_scale_up_mxfp4_gpt_oss_folder(run_notebook, tmp_path):
     assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and 0 <= metrics["accuracy_after"] <= 1
     out = stream_text(nb)
     assert "'quantization_config': 'Mxfp4Config(dequantize=True)'" in out and "run_parity=False" in out
+
+
+@pytest.mark.notebook
+def test_08_scale_up_llama_folder_with_unsloth(run_notebook, tmp_path):
+    """A Llama-3.2-shaped folder (BPE tokenizer, Llama 3's template, no pad token) through Unsloth's loader
+    as unsloth/Llama-3.2-3B-Instruct would go: LoRA only (the embeddings stay frozen for a real model), under
+    DDP, the adapter saved, reloaded by FastLanguageModel and scored, on the user's JSONL; then the same steps
+    timed with plain TRL + PEFT and with Unsloth, as on GPUs."""
+    nb, metrics = run_notebook("08_unsloth_llama", **_run_parameters("08_unsloth_llama", tmp_path))
+    assert (tmp_path / "llama-sft" / "adapter_model.safetensors").is_file()
+    assert metrics["processes"] == 2 and 0 <= metrics["accuracy_after"] <= 1
+    out = stream_text(nb)
+    assert "LoRA r=16 on ['q_proj'" in out and "embed_tokens, lm_head in full" not in out
+    assert "model wrapped in DistributedDataParallel" in out
+    assert "plain TRL + PEFT: 3 steps" in out
+    assert "the samples per second of plain TRL + PEFT, over 3 steps" in out
+    assert metrics["unsloth_speedup_vs_plain"] > 0
 
 
 @pytest.mark.notebook

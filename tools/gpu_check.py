@@ -151,6 +151,21 @@ CHECKS: tuple[NotebookCheck, ...] = (
         carried=(*NOTEBOOK_KERNEL, "trl", "datasets"),
         note_one_process="DDP-vs-FSDP parity and the per-rank memory comparison need 2 ranks and were "
                          "skipped; FSDP over 1 GPU rank (nothing sharded)"),
+    # Its GPU-only parts, asserted by the notebook itself on a GPU: Unsloth's kernels in the model's attention
+    # and MLP (its "from Unsloth" column), and the plain TRL + PEFT launch it is timed against
+    # (compare_plain="auto" turns it on there), whose ratio the report shows as unsloth_speedup_vs_plain.
+    # Skipped where Unsloth cannot be imported: its wheel alone is 28 MB, too much beside the other notebooks'
+    # wheels in one call, so it is not in gpu-bundle/. Its limit is a guess: no GPU run has measured it yet.
+    NotebookCheck(
+        "08_unsloth_llama", 90, "samples_per_s",
+        parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "compare_steps": 5},
+        carried=(*NOTEBOOK_KERNEL, "trl", "datasets"),
+        uncarried=("unsloth", "unsloth_zoo"),
+        uncarried_reason="needs Unsloth, which the GPU machine lacks; its wheel (28 MB for 2026.10.9) does "
+                         "not fit one device call beside the other notebooks' wheels (64 MiB): run "
+                         "`--only 08` with unsloth and unsloth_zoo wheels carried",
+        note_one_process="DDP over 1 GPU rank (nothing to all-reduce); the same steps timed with plain "
+                         "TRL + PEFT in fresh processes"),
     # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
     # profiler recording CUDA activity. The 10 s taken from each of the others (2026-12-02) are a guess:
     # no GPU run has measured any of them yet.

@@ -1,0 +1,33 @@
+"""Notebook 08 under papermill with parameters other than the stored defaults.
+
+The stored notebook (Unsloth, LoRA + full embeddings on the tiny Llama 3.2, 2 processes) is executed by
+nbval, with its learning bar and reference run. The Llama-3.2-3B command runs in tests/test_scale_up.py,
+with the plain TRL + PEFT comparison that is on by default only on GPUs. Here: the bad settings that must
+fail before any launch.
+"""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.notebook
+
+
+def test_bad_settings_fail_before_launch(refusals, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    alpaca = tmp_path / "alpaca.jsonl"   # another dataset format: instruction / output, no chat messages
+    alpaca.write_text(json.dumps({"instruction": "reverse: abc", "input": "", "output": "cba"}) + "\n")
+    cases = {
+        "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
+        "holds a model but no tokenizer": {"model_name": str(tmp_path / "model")},
+        "line 1 has no 'messages' field": {"dataset_path": str(alpaca)},
+        "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
+            {"lora_target_modules": ["q_proj", "qkv_proj"]},
+        "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
+        "load_in_4bit='yes': use one of 'auto', True, False": {"load_in_4bit": "yes"},
+        "batch_size=30 does not split evenly over 4 processes": {"batch_size": 30, "processes": 4},
+    }
+    for message, refusal in zip(cases, refusals("08_unsloth_llama", *cases.values()), strict=True):
+        assert message in refusal.error
+        assert "[rank" not in refusal.output   # nothing was launched
