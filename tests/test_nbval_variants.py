@@ -3,17 +3,26 @@
 import os
 
 from helpers._env import with_own_inductor_cache
-from tests.nbval_variants import COMPILES, ISA_BASELINE, variant_for
+from tests.nbval_variants import COMPILES, VARIANTS, variant_for
 
 
 def test_every_notebook_runs_under_another_instruction_set_and_thread_count():
-    assert variant_for("02_ddp_retinanet")["ATEN_CPU_CAPABILITY"] == "default"
-    assert variant_for("02_ddp_retinanet")["HELPERS_THREADS_PER_PROCESS"] == "1"
+    from helpers.paths import NOTEBOOKS_DIR
+
+    stems = [p.stem for p in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))]
+    numbers = {int(stem[:2]) for stem in stems}
+    assert numbers <= set(VARIANTS), f"give {sorted(numbers - set(VARIANTS))} a variant in VARIANTS"
+    variants = [variant_for(stem) for stem in stems]
+    # never this machine's own kernels: every notebook under AVX2 or the baseline, and both are used
+    assert all(v["ATEN_CPU_CAPABILITY"] in ("avx2", "default") for v in variants)
+    assert all(v["ONEDNN_MAX_CPU_ISA"] in ("AVX2", "SSE41") for v in variants)
+    assert {v["ONEDNN_MAX_CPU_ISA"] for v in variants} == {"AVX2", "SSE41"}
+    assert {v["HELPERS_THREADS_PER_PROCESS"] for v in variants} == {"1", "4"}
+    assert variant_for("02_ddp_retinanet")["ATEN_CPU_CAPABILITY"] == "avx2"
     assert variant_for("03_lightning_two_tower_mds")["HELPERS_THREADS_PER_PROCESS"] == "4"
-    compiling = variant_for(f"{min(COMPILES):02d}_x")
-    # torch.compile cannot build its C++ without SIMD: ATen keeps AVX2, the matmul libraries stay capped
-    assert compiling["ATEN_CPU_CAPABILITY"] == "avx2"
-    assert compiling["ONEDNN_MAX_CPU_ISA"] == ISA_BASELINE["ONEDNN_MAX_CPU_ISA"]
+    assert variant_for("04_fsdp_transformer")["ATEN_CPU_CAPABILITY"] == "default"
+    # torch.compile cannot build its C++ without SIMD: a compiling notebook always gets ATen's AVX2
+    assert all(variant_for(f"{n:02d}_x")["ATEN_CPU_CAPABILITY"] == "avx2" for n in COMPILES)
 
 
 def test_a_simulated_instruction_set_compiles_into_a_cache_of_its_own():
@@ -21,7 +30,7 @@ def test_a_simulated_instruction_set_compiles_into_a_cache_of_its_own():
     import torch._inductor.runtime.cache_dir_utils as cache_dir_utils
 
     default = cache_dir_utils.default_cache_dir()
-    dirs = {variant_for(stem)["TORCHINDUCTOR_CACHE_DIR"] for stem in ("02_x", f"{min(COMPILES):02d}_x")}
+    dirs = {variant_for(stem)["TORCHINDUCTOR_CACHE_DIR"] for stem in ("04_x", f"{min(COMPILES):02d}_x")}
     assert len(dirs) == 2 and default not in dirs
     assert all(os.path.basename(d).endswith(("_aten_default", "_aten_avx2")) for d in dirs)
     threads_only = {"HELPERS_THREADS_PER_PROCESS": "4"}

@@ -1,0 +1,79 @@
+"""What each nbval variant (tests/nbval_variants.py) costs on this machine, per training step.
+
+nbval runs every notebook once, under an instruction set and a thread count that did not store its
+outputs. Both change the speed a lot on a small machine; this prints by how much, so the variants can be
+given to the notebooks where they cost least:
+
+* a small conv net (torchvision's MobileNetV3, 4 images of 96 px, as notebook 02's backbone) under this
+  machine's kernels, AVX2, and the no-SIMD baseline, 1 thread;
+* an MLP step in 2 processes at once (2 ranks), each with 1 and with 4 intra-op threads.
+
+    python benchmarks/nbval_variant_cost.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ISAS = {
+    "native": {},
+    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "baseline": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+CONV = """
+import time, torch, torchvision
+torch.set_num_threads(1); torch.manual_seed(0)
+net = torchvision.models.mobilenet_v3_large(num_classes=10)
+x = torch.randn(4, 3, 96, 96); opt = torch.optim.SGD(net.parameters(), lr=0.01)
+def step():
+    opt.zero_grad(); net(x).sum().backward(); opt.step()
+for _ in range(3): step()
+t = time.perf_counter()
+for _ in range(15): step()
+print((time.perf_counter() - t) / 15 * 1000)
+"""
+
+MLP = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1])); torch.manual_seed(0)
+net = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
+x = torch.randn(64, 256); opt = torch.optim.SGD(net.parameters(), lr=0.01)
+def step():
+    opt.zero_grad(); net(x).sum().backward(); opt.step()
+for _ in range(20): step()
+t = time.perf_counter()
+for _ in range(300): step()
+print((time.perf_counter() - t) / 300 * 1000)
+"""
+
+
+def run(code: str, env: dict[str, str], *args: str) -> float:
+    out = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **env}, check=True,
+                         capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    base = {"OMP_WAIT_POLICY": "PASSIVE"}
+    native = None
+    print("conv net step (MobileNetV3, 4 x 96 px, 1 thread):")
+    for name, env in ISAS.items():
+        ms = run(CONV, {**base, **env})
+        native = native or ms
+        print(f"  {name:9s} {ms:7.1f} ms  ({ms / native:.2f}x native)")
+    print("MLP step, 2 processes at once:")
+    one = None
+    for threads in ("1", "4"):
+        procs = [subprocess.Popen([sys.executable, "-c", MLP, threads], env={**os.environ, **base},
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        ms = max(float(p.communicate()[0].strip()) for p in procs)
+        one = one or ms
+        print(f"  {threads} thread(s) per process {ms:6.2f} ms  ({ms / one:.2f}x 1 thread)")
+
+
+if __name__ == "__main__":
+    main()
