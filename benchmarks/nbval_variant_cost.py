@@ -24,31 +24,23 @@ ISAS = {
                  "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
 }
 
-CONV = """
-import time, torch, torchvision
-torch.set_num_threads(1); torch.manual_seed(0)
-net = torchvision.models.mobilenet_v3_large(num_classes=10)
-x = torch.randn(4, 3, 96, 96); opt = torch.optim.SGD(net.parameters(), lr=0.01)
-def step():
-    opt.zero_grad(); net(x).sum().backward(); opt.step()
-for _ in range(3): step()
-t = time.perf_counter()
-for _ in range(15): step()
-print((time.perf_counter() - t) / 15 * 1000)
-"""
-
-MLP = """
-import sys, time, torch
+# One training step of `net` on `x`, timed after a warm-up; threads from argv. Milliseconds a step.
+TIMED = """
+import sys, time, torch, torchvision
 torch.set_num_threads(int(sys.argv[1])); torch.manual_seed(0)
-net = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
-x = torch.randn(64, 256); opt = torch.optim.SGD(net.parameters(), lr=0.01)
+net, x = {model}
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
 def step():
     opt.zero_grad(); net(x).sum().backward(); opt.step()
-for _ in range(20): step()
+for _ in range({warmup}): step()
 t = time.perf_counter()
-for _ in range(300): step()
-print((time.perf_counter() - t) / 300 * 1000)
+for _ in range({steps}): step()
+print((time.perf_counter() - t) / {steps} * 1000)
 """
+CONV = TIMED.format(model="torchvision.models.mobilenet_v3_large(num_classes=10), torch.randn(4, 3, 96, 96)",
+                    warmup=3, steps=15)
+MLP = TIMED.format(model="torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)]), "
+                         "torch.randn(64, 256)", warmup=20, steps=300)
 
 
 def run(code: str, env: dict[str, str], *args: str) -> float:
@@ -62,7 +54,7 @@ def main() -> None:
     native = None
     print("conv net step (MobileNetV3, 4 x 96 px, 1 thread):")
     for name, env in ISAS.items():
-        ms = run(CONV, {**base, **env})
+        ms = run(CONV, {**base, **env}, "1")
         native = native or ms
         print(f"  {name:9s} {ms:7.1f} ms  ({ms / native:.2f}x native)")
     print("MLP step, 2 processes at once:")

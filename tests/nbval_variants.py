@@ -15,9 +15,9 @@ ranks it launches):
 notebooks. AVX2 goes only to notebooks whose stored run and reference run came from an AVX-512 host (so it
 is another machine's arithmetic for them, and their tolerances were measured under it), first of all the
 longest, 02; the 4 threads go to shorter runs. The cost differs a lot on 2 cores:
-a conv net's training step took 1.04x its native time under AVX2 and 1.88x under the baseline, and 2 ranks
-of 4 threads on 2 cores 1.94x the time of 2 ranks of 1 (benchmarks/nbval_variant_cost.py, 2026-12-02, 2-core
-AVX-512 host; a run beside another job gave 1.44x and 1.73x for the first two).
+a conv net's training step took 0.92-1.44x its native time under AVX2 and 1.45-1.88x under the baseline, and
+2 ranks of 4 threads on 2 cores 1.94-2.39x the time of 2 ranks of 1 (benchmarks/nbval_variant_cost.py, five
+runs on 2026-12-02, 2-core AVX-512 host: noisy, but the order holds in each).
 
 Each notebook runs once, so this costs no extra run: the variant replaces the plain one. Set
 `NBVAL_VARIANTS=off` to compare under this machine's own kernels. Loaded with `-p tests.nbval_variants`.
