@@ -19,7 +19,8 @@ ARGS ?=
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run test mutation unit nbval notebooks bench lint venv clean-venv lock gpu-check gpu-bundle
+.PHONY: run test mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl lock \
+	lock-axolotl gpu-check gpu-bundle
 
 venv: $(STAMP)
 
@@ -27,18 +28,35 @@ $(STAMP): pyproject.toml requirements.lock tools/build_venv.py
 	$(PYTHON) tools/build_venv.py --venv $(VENV) --lock requirements.lock --editable .
 	touch $(STAMP)
 
+## venv-axolotl: notebook 09's own environment (Axolotl 0.13.2 pins TRL and datasets the gallery has moved past),
+# from envs/axolotl/requirements.lock; axolotl is a source archive whose setup.py imports torch, so it is built
+# without isolation, after the rest. The notebook's ranks run with its interpreter (launch option python=).
+AXOLOTL_VENV := .venv-axolotl
+AXOLOTL_STAMP := $(AXOLOTL_VENV)/.installed
+venv-axolotl: $(AXOLOTL_STAMP)
+
+$(AXOLOTL_STAMP): envs/axolotl/requirements.lock tools/build_venv.py | $(STAMP)
+	$(BIN)/python tools/build_venv.py --venv $(AXOLOTL_VENV) --lock envs/axolotl/requirements.lock --editable '' \
+		--no-build-isolation axolotl
+	touch $(AXOLOTL_STAMP)
+
+## lock-axolotl: rewrite envs/axolotl/requirements.lock from envs/axolotl/requirements.in and its overrides
+lock-axolotl: $(STAMP)
+	$(BIN)/python tools/build_venv.py --compile --lock envs/axolotl/requirements.lock \
+		--requirements envs/axolotl/requirements.in --overrides envs/axolotl/overrides.txt
+
 ## lock: rewrite requirements.lock from pyproject.toml (pins kept; UPGRADE="trl accelerate" moves those)
 UPGRADE ?=
 lock: $(STAMP)
 	$(BIN)/python tools/build_venv.py --compile --venv $(VENV) $(foreach p,$(UPGRADE),--upgrade-package $(p))
 
 ## run: execute every notebook into runs/<stamp>/ and write the summary (ARGS="01 -p processes=1")
-run: $(STAMP)
+run: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/python -m helpers.gallery $(ARGS)
 
 ## test: lint, unit and launcher tests, papermill parameter runs, nbval over the stored notebooks
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
-test: $(STAMP)
+test: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
 
@@ -49,13 +67,13 @@ mutation: $(STAMP)
 unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)
 
-nbval: $(STAMP)
+nbval: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) notebooks $(ARGS)
 
 ## notebooks: re-execute notebooks at their defaults and store the outputs (NB="notebooks/01_ddp_mlp.ipynb")
 # Stored outputs are the CPU reference path, whatever the machine has.
 NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
-notebooks: $(STAMP)
+notebooks: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m helpers.execute --store $(NB)
 
 bench: $(STAMP)
@@ -79,3 +97,6 @@ lint: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+clean-venv-axolotl:
+	rm -rf $(AXOLOTL_VENV)

@@ -58,6 +58,7 @@ VARIANTS: dict[int, tuple[dict[str, str], int]] = {
     6: (ISA_BASELINE, 1),
     7: (ISA_BASELINE, 4),
     8: (ISA_AVX2, 1),
+    9: (ISA_AVX2, 1),
     10: (ISA_AVX2, 1),
 }
 

@@ -128,6 +128,28 @@ def _gpt_oss(tmp: Path) -> dict[str, Any]:
                 dataset_path=str(chats["train"]), output_dir=str(tmp / "gpt-oss-120b-lora"))
 
 
+def _olmo3(tmp: Path) -> dict[str, Any]:
+    """An OLMo-3-shaped folder (Olmo3ForCausalLM, a BPE tokenizer with a chat template and no pad token), as
+    allenai/Olmo-3-7B-Instruct would be downloaded, and the user's JSONL."""
+    import torch
+    from transformers import AutoTokenizer, Olmo3Config, Olmo3ForCausalLM
+
+    from helpers.data.llama_checkpoint import build_llama_checkpoint
+    from helpers.data.sft_tasks import build_sft_tasks
+
+    chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
+    tokenizer = AutoTokenizer.from_pretrained(build_llama_checkpoint(tmp / "llama"))
+    config = Olmo3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=256,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, sliding_window=32,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=None)
+    torch.manual_seed(0)
+    Olmo3ForCausalLM(config).save_pretrained(tmp / "olmo3")
+    tokenizer.save_pretrained(tmp / "olmo3")
+    return dict(model_name=str(tmp / "olmo3"), dataset_path=str(chats["train"]),
+                output_dir=str(tmp / "olmo3-lora"))
+
+
 # stand-ins (built in the test's folder), then the smaller settings a 2-core CPU needs, with the reason
 RUNS: dict[str, dict[str, Any]] = {
     "01_ddp_mlp": dict(stand_ins=None, cap=dict(max_steps=6), why=""),
@@ -148,6 +170,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "08_unsloth_llama": dict(
         stand_ins=_llama, cap=dict(max_steps=2, n_test=8, compare_plain=True, compare_steps=3),
         why="not a cut: the plain TRL + PEFT comparison, on by default only on GPUs, runs here too"),
+    "09_axolotl_olmo3": dict(stand_ins=_olmo3, cap=dict(max_steps=2, n_test=8), why=""),
     "10_fast_and_elastic": dict(
         stand_ins=lambda tmp: dict(run_dir=str(tmp / "nb10")),
         cap=dict(max_steps=2, batch_size=16, profile_steps=1, compile_model=False),
@@ -252,6 +275,20 @@ def test_08_scale_up_llama_folder_with_unsloth(run_notebook, tmp_path):
     assert "plain TRL + PEFT: 3 steps" in out
     assert "the samples per second of plain TRL + PEFT, over 3 steps" in out
     assert metrics["unsloth_speedup_vs_plain"] > 0
+
+
+@pytest.mark.notebook
+def test_09_scale_up_olmo3_folder_with_axolotl(run_notebook, tmp_path):
+    """An OLMo-3-shaped folder (BPE tokenizer with Llama 3's template, no pad token) through Axolotl as
+    allenai/Olmo-3-7B-Instruct would go: the YAML names the folder and the user's JSONL, LoRA only (the
+    embeddings stay frozen for a real model), gradient checkpointing on, DDP over 2 ranks in Axolotl's own
+    environment; the adapter saved to the given folder, reloaded with PEFT and scored."""
+    nb, metrics = run_notebook("09_axolotl_olmo3", **_run_parameters("09_axolotl_olmo3", tmp_path))
+    assert (tmp_path / "olmo3-lora" / "adapter_model.safetensors").is_file()
+    assert metrics["processes"] == 2 and 0 <= metrics["accuracy_after"] <= 1
+    out = stream_text(nb)
+    assert "gradient_checkpointing: true" in out and "lora_modules_to_save" not in out
+    assert "trained 2 steps on 2 ranks" in out and "model in DistributedDataParallel" in out
 
 
 @pytest.mark.notebook

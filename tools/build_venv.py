@@ -135,13 +135,50 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = No
     subprocess.run(cmd, check=True, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
-def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto") -> str:
+def split_lock(lock: Path, unisolated: list[str], folder: Path) -> tuple[Path, list[str]]:
+    """The lock without the packages built without isolation, and those packages' pinned lines.
+
+    A source archive whose setup.py imports torch (axolotl's) must be built against the environment's own
+    torch, so it is installed in a second step, after everything it needs to build is in place.
+    """
+    wanted = {n.lower().replace("_", "-") for n in unisolated}
+    kept, later = [], []
+    for line in lock.read_text().splitlines():
+        name = line.split("==", 1)[0].strip().lower().replace("_", "-")
+        (later if "==" in line and name in wanted else kept).append(line)
+    missing = wanted - {line.split("==", 1)[0].strip().lower().replace("_", "-") for line in later}
+    if missing:
+        raise SystemExit(f"--no-build-isolation {sorted(missing)}: not pinned in {lock}; add it there")
+    first = folder / f"{lock.stem}.first.txt"
+    first.write_text("\n".join(kept) + "\n")
+    return first, [line.split(";", 1)[0].split("\\", 1)[0].strip() for line in later]
+
+
+def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto",
+          unisolated: list[str] | None = None) -> str:
     """Create `venv` (if missing) and install `lock` (and `editable`, without dependencies) into it.
 
+    `unisolated` names packages of the lock built without build isolation, installed after the rest.
     Returns the installer that did it, "uv" or "pip".
     """
     if not lock.is_file():
         raise SystemExit(f"no lock file {lock}: run `make lock` to write it from pyproject.toml")
+    if unisolated:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            first, later = split_lock(lock, unisolated, Path(folder))
+            used = build(venv, first, editable, installer)
+            python = venv / "bin" / "python"
+            uv = find_uv(python) if used == "uv" else None
+            if uv is not None:
+                args, env = uv_arguments(pip_settings(str(python)))
+                run([uv, "pip", "install", "--quiet", "--compile-bytecode", "--no-deps",
+                     "--no-build-isolation", "--python", str(python), *args, *later], env)
+            else:
+                run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                     *later])
+            return used
     python = venv / "bin" / "python"
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
@@ -191,8 +228,10 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     return "pip"
 
 
-def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
-    """Rewrite the lock from pyproject.toml's dependencies and extras; pins are kept unless upgraded."""
+def compile_lock(lock: Path, upgrade: list[str], venv: Path, requirements: Path | None = None,
+                 overrides: Path = LOCK_OVERRIDES) -> None:
+    """Rewrite the lock from pyproject.toml's dependencies and extras (or from a requirements file, for a
+    second environment such as envs/axolotl); pins are kept unless upgraded."""
     python = venv / "bin" / "python"
     uv = shutil.which("uv") or (str(python.parent / "uv") if (python.parent / "uv").exists() else None)
     if uv is None:
@@ -204,19 +243,18 @@ def compile_lock(lock: Path, upgrade: list[str], venv: Path) -> None:
         uv,
         "pip",
         "compile",
-        "pyproject.toml",
-        "--all-extras",
+        *([str(requirements.resolve().relative_to(ROOT))] if requirements else ["pyproject.toml", "--all-extras"]),
         "--python-version",
         "3.11",
         "--constraint",
         LOCK_CONSTRAINTS.name,
         "--override",
-        LOCK_OVERRIDES.name,
+        str(overrides.resolve().relative_to(ROOT)),
         "--no-header",
         "--quiet",
         *args,
         "-o",
-        str(lock),
+        str(lock.resolve().relative_to(ROOT)),
     ]
     for name in upgrade:
         cmd += ["--upgrade-package", name]
@@ -233,15 +271,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--installer", choices=("auto", "uv", "pip"), default=os.environ.get("VENV_INSTALLER", "auto")
     )
+    parser.add_argument("--no-build-isolation", action="append", default=[], metavar="NAME",
+                        dest="unisolated", help="a package of the lock built without isolation (repeatable)")
     parser.add_argument("--compile", action="store_true", help="rewrite the lock from pyproject.toml")
     parser.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
+    parser.add_argument("--requirements", default=None, help="with --compile: a requirements file, not pyproject")
+    parser.add_argument("--overrides", default=str(LOCK_OVERRIDES), help="with --compile: the overrides file")
     args = parser.parse_args(argv)
     if args.compile:
-        compile_lock(Path(args.lock), args.upgrade_package, Path(args.venv))
+        compile_lock(Path(args.lock), args.upgrade_package, Path(args.venv),
+                     Path(args.requirements) if args.requirements else None, Path(args.overrides))
         return 0
     start = time.perf_counter()
     used = build(
-        Path(args.venv), Path(args.lock), Path(args.editable) if args.editable else None, args.installer
+        Path(args.venv), Path(args.lock), Path(args.editable) if args.editable else None, args.installer,
+        args.unisolated,
     )
     print(
         f"{args.venv}: installed {Path(args.lock).name} with {used} in {time.perf_counter() - start:.0f} s",

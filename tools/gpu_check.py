@@ -166,6 +166,21 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "`--only 08` with unsloth and unsloth_zoo wheels carried",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); the same steps timed with plain "
                          "TRL + PEFT in fresh processes"),
+    # Its GPU-only parts, asserted by the notebook itself on a GPU: QLoRA (Axolotl's `adapter: qlora` with
+    # bitsandbytes' 4-bit base weights; the notebook checks the trained model was 4-bit) and Axolotl's
+    # `bf16: auto`. Skipped where Axolotl cannot be imported by the interpreter given as axolotl_python: it
+    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry. Its limit is a
+    # guess: no GPU run has measured it yet.
+    NotebookCheck(
+        "09_axolotl_olmo3", 60, "samples_per_s",
+        parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
+                    "axolotl_python": "python3"},
+        cpu_parameters={"load_in_4bit": False},
+        carried=NOTEBOOK_KERNEL,
+        uncarried=("axolotl",),
+        uncarried_reason="needs Axolotl 0.13.2 in the python given as axolotl_python; its environment "
+                         "(envs/axolotl/requirements.lock) is far more than a device call can carry",
+        note_one_process="DDP over 1 GPU rank (nothing to all-reduce); QLoRA on the tiny OLMo 3"),
     # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
     # profiler recording CUDA activity. The 10 s taken from each of the others (2026-12-02) are a guess:
     # no GPU run has measured any of them yet.

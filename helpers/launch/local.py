@@ -155,7 +155,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     log_root = Path(options.log_dir) if options.log_dir is not None else run_dir / "logs"
     payload_path = run_dir / "payload.pkl"
     payload_path.write_bytes(payload.to_bytes())
-    if options.start_method == "forkserver":
+    if options.python is None and options.start_method == "forkserver":
         prepare_forkserver()
 
     # LaunchConfig.shutdown_timeout (a stopping rank's grace before SIGKILL) landed after torch 2.11's branch
@@ -178,7 +178,11 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
         with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun(), \
                 watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
             try:
-                elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir), os.getpid())
+                if options.python is None:
+                    elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir), os.getpid())
+                else:  # another environment's interpreter: each rank is a command, started by the same agent
+                    elastic_launch(config, options.python)(
+                        *local_worker.bootstrap_arguments(str(payload_path), str(run_dir), os.getpid()))
             except ChildFailedError as e:
                 raise job_failure(local_worker.read_failures(run_dir), plan.processes, _rank_exit(e),
                                   logs="see the rank's output above") from None

@@ -110,3 +110,21 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
             pass
         raise
     destroy_leftover_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of a rank started as a command (launch option python=): `payload run_dir launcher_pid`."""
+    payload_path, run_dir, launcher_pid = (argv if argv is not None else sys.argv[1:])[:3]
+    run(payload_path, run_dir, int(launcher_pid))
+
+
+def bootstrap_arguments(payload_path: str, run_dir: str, launcher_pid: int) -> tuple[str, ...]:
+    """The command-line arguments of another interpreter's rank: find this package, then run `main`.
+
+    The other environment needs neither this package installed nor anything on its PYTHONPATH: the rank puts
+    this package's folder on its import path and then takes the caller's other paths from the payload.
+    """
+    root = str(Path(__file__).resolve().parents[2])
+    code = (f"import sys; sys.path.insert(0, {root!r}); "
+            "from helpers.launch.local_worker import main; main()")
+    return ("-c", code, payload_path, run_dir, str(launcher_pid))

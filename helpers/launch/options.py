@@ -46,6 +46,10 @@ class LaunchOptions:
     # Rank 0's helpers.progress_bar drawn in this process: None (automatic: in Jupyter or a terminal),
     # True, or False. HELPERS_PROGRESS=off turns it off everywhere.
     progress: bool | None = None
+    # The interpreter the ranks run with: None, this one; else another environment's python (its own
+    # packages, this process's helpers), for a framework that cannot share the notebook's environment
+    # (notebook 09: Axolotl). Local backend only; a Ray cluster gives its workers a runtime_env instead.
+    python: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,11 +139,29 @@ def check_options(options: LaunchOptions, target: Target | None = None) -> None:
         progress.check_enabled(options.progress)
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if options.python is not None:
+        check_interpreter(options.python, target)
     if options.start_method not in ("forkserver", "spawn"):
         raise LaunchError(
             f"start_method={options.start_method!r}: use 'forkserver' (fast re-runs) or 'spawn'. "
             "'fork' is refused: forking a kernel that has touched CUDA breaks the children."
         )
+
+
+def check_interpreter(python: Any, target: Target) -> None:
+    """`python=` must name an interpreter that exists, for a launch on this machine."""
+    import os
+
+    if target is not LOCAL:
+        raise LaunchError(f"python={python!r} is for launches on this machine: on {target.where}, give the "
+                          "workers their packages with a Ray runtime_env (or install them on every node).")
+    if not isinstance(python, str) or not python.strip():
+        raise LaunchError(f"python={python!r}: pass the path of another environment's interpreter, such as "
+                          "'.venv-axolotl/bin/python', or None for this one.")
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise LaunchError(f"python={python!r} is not an executable file: build that environment first (for "
+                          "notebook 09: `make venv-axolotl`), or pass None to run the ranks with this "
+                          "interpreter.")
 
 
 def plan_launch(options: LaunchOptions, *, gpus: int | None = None, target: Target = LOCAL) -> LaunchPlan:

@@ -25,6 +25,10 @@ from helpers.context import BACKEND_ENV
 from helpers.launch.options import LaunchError
 from helpers.progress import ENV_DIR, ENV_SWITCH
 
+# What belongs to the caller's Python environment: a rank running another environment's interpreter keeps
+# its own.
+_ENVIRONMENT_KEYS = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX",
+                               "CONDA_DEFAULT_ENV", "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"})
 _PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open "
                "files, locks, sockets, process groups or CUDA objects inside the function.")
 
@@ -67,6 +71,9 @@ class Payload:
     env: dict[str, str]  # the caller's environment at launch time
     sys_path: tuple[str, ...]
     cwd: str
+    # the caller's environment prefixes (sys.prefix, sys.base_prefix): a rank whose interpreter lives in
+    # another environment (launch option python=) keeps its own packages, and takes the caller's other paths
+    prefixes: tuple[str, ...] = ()
 
     @classmethod
     def capture(cls, call: bytes, *, backend: str, device: str, threads: int | None,
@@ -74,7 +81,20 @@ class Payload:
         """The payload for this launch, with the caller's environment, import path and folder as they are
         now."""
         return cls(call=call, backend=backend, device=device, threads=threads, progress=progress,
-                   env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd())
+                   env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd(),
+                   prefixes=tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix))))
+
+    def in_other_environment(self) -> bool:
+        """True in a rank started with another environment's interpreter than the caller's."""
+        return bool(self.prefixes) and os.path.realpath(sys.prefix) != self.prefixes[0]
+
+    def foreign_paths(self) -> list[str]:
+        """The caller's import path without its environment's packages: project folders, the notebook's."""
+        def inside(path: str, prefix: str) -> bool:
+            return path == prefix or path.startswith(prefix.rstrip(os.sep) + os.sep)
+
+        return [p for p in self.sys_path
+                if not any(inside(os.path.realpath(p or "."), prefix) for prefix in self.prefixes)]
 
     def to_bytes(self) -> bytes:
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
@@ -106,14 +126,23 @@ class Payload:
         """
         import torch
 
+        other_environment = self.in_other_environment()
         for key, value in self.env.items():
             if key in worker_keys or key.startswith(worker_prefixes):
+                continue
+            if other_environment and key in _ENVIRONMENT_KEYS:
                 continue
             if same_machine:
                 os.environ[key] = value
             else:
                 os.environ.setdefault(key, value)
-        if same_machine:
+        if other_environment:
+            # this rank's interpreter belongs to another environment: its packages first and only its own;
+            # the tools it starts (torchrun, compilers' wrappers) come from its bin folder too
+            sys.path[:] = [*dict.fromkeys([*self.foreign_paths(), *sys.path])]
+            os.environ["VIRTUAL_ENV"] = sys.prefix
+            os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
+        elif same_machine:
             sys.path[:] = self.sys_path
         else:
             for path in reversed(self.sys_path):

@@ -1,0 +1,35 @@
+"""Notebook 09 under papermill with parameters other than the stored defaults.
+
+The stored notebook (Axolotl's do_train on 2 ranks in its own environment, LoRA + full embeddings on the
+tiny OLMo 3, the adapter reloaded with PEFT in the kernel) is executed by nbval, with its learning bar and
+reference run. The OLMo-3-7B command runs in tests/test_scale_up.py. Here: the bad settings that must fail
+before any launch, and before the YAML is written.
+"""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.notebook
+
+
+def test_bad_settings_fail_before_launch(refusals, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    alpaca = tmp_path / "alpaca.jsonl"   # another dataset format: instruction / output, no chat messages
+    alpaca.write_text(json.dumps({"instruction": "reverse: abc", "input": "", "output": "cba"}) + "\n")
+    cases = {
+        "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
+        "holds a model but no tokenizer": {"model_name": str(tmp_path / "model")},
+        "line 1 has no 'messages' field": {"dataset_path": str(alpaca)},
+        "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
+            {"lora_target_modules": ["q_proj", "qkv_proj"]},
+        "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
+        "load_in_4bit=True needs GPUs": {"load_in_4bit": True},
+        "batch_size=30 does not split evenly over 4 processes": {"batch_size": 30, "processes": 4},
+        "Axolotl's environment is not built": {"axolotl_python": str(tmp_path / "no-venv" / "python")},
+    }
+    for message, refusal in zip(cases, refusals("09_axolotl_olmo3", *cases.values()), strict=True):
+        assert message in refusal.error
+        assert "[rank" not in refusal.output   # nothing was launched
+    assert not (tmp_path / "model" / "olmo3-lora.yml").exists()
