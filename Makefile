@@ -61,7 +61,7 @@ test: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
 
 ## mutation: the slow half of tests/test_check_mutations.py (each check fails on the bug it names)
-mutation: $(STAMP)
+mutation: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m mutation tests/test_check_mutations.py $(ARGS)
 
 unit: $(STAMP)

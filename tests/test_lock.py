@@ -7,6 +7,7 @@ lock-constraints.txt); these checks fail when someone edits one without the othe
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -116,3 +117,38 @@ def test_what_the_overrides_leave_out_is_neither_locked_nor_installed():
             pass
     assert not installed, (f"{installed} installed although lock-overrides.txt leaves it out: "
                            "`python tools/build_venv.py` removes it, or `pip uninstall` it")
+
+
+def test_axolotl_environment_locks_what_it_asks_for_on_the_gallerys_torch():
+    """Notebook 09's second environment: every requirement of envs/axolotl/requirements.in and every override
+    pinned as asked, on the gallery's torch/torchvision pair (the ranks and the kernel share tensors)."""
+    folder = ROOT / "envs" / "axolotl"
+    pins = _pins(folder / "requirements.lock")
+    for path in (folder / "requirements.in", folder / "overrides.txt"):
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                req = Requirement(line)
+                name = canonicalize_name(req.name)
+                assert name in pins and req.specifier.contains(pins[name]), (
+                    f"{path.name} asks for {req}, envs/axolotl/requirements.lock has {pins.get(name)}: "
+                    "run `make lock-axolotl`")
+    for name, version in _pins(ROOT / "lock-constraints.txt").items():
+        assert pins[name] == version, f"envs/axolotl pins {name}=={pins[name]}, the gallery {version}"
+
+
+def test_a_package_built_without_isolation_is_installed_after_the_rest(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from build_venv import split_lock
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("axolotl==0.13.2\n    # via -r requirements.in\ntorch==2.14.1\nsetuptools==84.2.1\n")
+    first, later = split_lock(lock, ["axolotl"], tmp_path)
+    assert later == ["axolotl==0.13.2"]
+    assert "axolotl" not in first.read_text() and "torch==2.14.1" in first.read_text()
+    with pytest.raises(SystemExit, match=r"--no-build-isolation \['xformers'\]: not pinned"):
+        split_lock(lock, ["xformers"], tmp_path)
