@@ -111,13 +111,17 @@ def ensure_pip(venv_python: Path) -> None:
 
 
 def find_uv(venv_python: Path) -> str | None:
-    """uv on PATH, or uv installed into the new environment with its own pip; None if neither works."""
+    """uv on PATH, in the new environment, or beside this interpreter; else uv installed into the new
+    environment with its own pip; None if none of these works."""
     found = shutil.which("uv")
     if found:
         return found
     local = venv_python.parent / "uv"
     if local.exists():
         return str(local)
+    beside = Path(sys.executable).parent / "uv"   # a second environment built by the first's python (make)
+    if beside.exists():
+        return str(beside)
     try:
         ensure_pip(venv_python)
     except (OSError, subprocess.CalledProcessError):
@@ -237,13 +241,16 @@ def compile_lock(lock: Path, upgrade: list[str], venv: Path, requirements: Path 
     if uv is None:
         raise SystemExit("`make lock` needs uv: `make venv` installs it into .venv, or `pip install uv`")
     settings = pip_settings()
+    sources = ["pyproject.toml", "--all-extras"]
+    if requirements is not None:
+        sources = [str(requirements.resolve().relative_to(ROOT))]
     settings.pop("constraint", None)  # a machine's own caps must not shape (or be named in) the shared lock
     args, env = uv_arguments(settings)
     cmd = [
         uv,
         "pip",
         "compile",
-        *([str(requirements.resolve().relative_to(ROOT))] if requirements else ["pyproject.toml", "--all-extras"]),
+        *sources,
         "--python-version",
         "3.11",
         "--constraint",
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                         dest="unisolated", help="a package of the lock built without isolation (repeatable)")
     parser.add_argument("--compile", action="store_true", help="rewrite the lock from pyproject.toml")
     parser.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
-    parser.add_argument("--requirements", default=None, help="with --compile: a requirements file, not pyproject")
+    parser.add_argument("--requirements", default=None, help="with --compile: a requirements file to lock")
     parser.add_argument("--overrides", default=str(LOCK_OVERRIDES), help="with --compile: the overrides file")
     args = parser.parse_args(argv)
     if args.compile:
