@@ -95,7 +95,7 @@ MUTATIONS = [
              r"the ranks ended with different adapters", dict(max_steps=2, n_test=8), slow=True),
     Mutation("09_axolotl_olmo3", "LoRA alone on the random tiny model (its embeddings left frozen)",
              '    **({"lora_modules_to_save": ["embed_tokens", "lm_head"]} if embeddings else {}),\n', "",
-             r"held-out exact match 0\.\d+ is below the bar 0\.8", {}, slow=True),
+             r"training loss did not fall", {}, slow=True),
     Mutation("10_fast_and_elastic", "accumulation that forgets to divide each micro-batch's loss",
              "                        scaler.scale(loss / micro).backward()   "
              "# 1/micro each: the step's mean loss",
