@@ -160,8 +160,8 @@ RUNS: dict[str, dict[str, Any]] = {
             "so the 640 x 480 JPEGs are resized to 320 px"),
     "03_lightning_two_tower_mds": dict(
         stand_ins=_movielens, cap=dict(max_steps=2, eval_users=2000),
-        why="scoring 10,000 users against all 59,047 movies, before training and after each of the two capped "
-            "epochs, was 25-30 s of a 86 s run on 2 cores; 2,000 users take the same code path"),
+        why="scoring 10,000 users against all 59,047 movies, before training and after each of the two "
+            "capped epochs, was 25-30 s of a 86 s run on 2 cores; 2,000 users take the same code path"),
     "04_fsdp_transformer": dict(
         stand_ins=lambda tmp: dict(checkpoint_dir=str(tmp / "ckpt")),
         cap=dict(max_steps=3, batch_size=16, parity_steps=2, eval_batches=1),
