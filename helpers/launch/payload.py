@@ -119,6 +119,9 @@ class Payload:
         * `same_machine=False` (Ray, possibly another node): the node's own values stay (its PATH, HOME,
           library and site-packages paths are right for it); the caller's fill in what the node lacks,
           and the caller's import path entries missing here go in front of the rank's own.
+        * `same_machine=True` in a rank started with another environment's interpreter (launch option
+          `python=`): the rank keeps that environment's packages, `VIRTUAL_ENV` and `bin` first on `PATH`, and
+          takes the caller's other import paths (the notebook's folder, the project) in front.
 
         `progress_dir` is where rank 0 writes its bar states when the caller draws them through files;
         otherwise bars go through the Ray relay (if any) or, when nobody draws them, are switched off
@@ -126,7 +129,8 @@ class Payload:
         """
         import torch
 
-        other_environment = self.in_other_environment()
+        # (on Ray a node keeps its own environment anyway: same_machine=False below)
+        other_environment = same_machine and self.in_other_environment()
         for key, value in self.env.items():
             if key in worker_keys or key.startswith(worker_prefixes):
                 continue
