@@ -168,9 +168,9 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "TRL + PEFT in fresh processes"),
     # Its GPU-only parts, asserted by the notebook itself on a GPU: QLoRA (Axolotl's `adapter: qlora` with
     # bitsandbytes' 4-bit base weights; the notebook checks the trained model was 4-bit) and Axolotl's
-    # `bf16: auto`. Skipped where Axolotl cannot be imported by the interpreter given as axolotl_python: it
-    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry. Its limit is a
-    # guess: no GPU run has measured it yet.
+    # `bf16: auto`. The ranks run the check's own python (axolotl_python="python3"), and the check is skipped
+    # where that python cannot import Axolotl: it needs its own environment (envs/axolotl, 243 packages),
+    # which no device call can carry. Its limit is a guess: no GPU run has measured it yet.
     NotebookCheck(
         "09_axolotl_olmo3", 60, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
