@@ -25,7 +25,7 @@ def test_bad_settings_fail_before_launch(refusals, tmp_path):
         "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
             {"lora_target_modules": ["q_proj", "qkv_proj"]},
         "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
-        "load_in_4bit=True needs GPUs": {"load_in_4bit": True},
+        "load_in_4bit='yes': use one of 'auto', True, False": {"load_in_4bit": "yes"},
         "batch_size=30 does not split evenly over 4 processes": {"batch_size": 30, "processes": 4},
         "Axolotl's environment is not built": {"axolotl_python": str(tmp_path / "no-venv" / "python")},
     }

@@ -173,7 +173,9 @@ RUNS: dict[str, dict[str, Any]] = {
     "08_unsloth_llama": dict(
         stand_ins=_llama, cap=dict(max_steps=2, n_test=8, compare_plain=True, compare_steps=3),
         why="not a cut: the plain TRL + PEFT comparison, on by default only on GPUs, runs here too"),
-    "09_axolotl_olmo3": dict(stand_ins=_olmo3, cap=dict(max_steps=2, n_test=8), why=""),
+    "09_axolotl_olmo3": dict(
+        stand_ins=_olmo3, cap=dict(max_steps=2, n_test=8, load_in_4bit=True),
+        why="not a cut: QLoRA, on by default only on GPUs, runs here too (bitsandbytes' CPU 4-bit weights)"),
     "10_fast_and_elastic": dict(
         stand_ins=lambda tmp: dict(run_dir=str(tmp / "nb10")),
         cap=dict(max_steps=2, batch_size=16, profile_steps=1, compile_model=False),
@@ -285,12 +287,14 @@ def test_09_scale_up_olmo3_folder_with_axolotl(run_notebook, tmp_path):
     """An OLMo-3-shaped folder (BPE tokenizer with Llama 3's template, no pad token) through Axolotl as
     allenai/Olmo-3-7B-Instruct would go: the YAML names the folder and the user's JSONL, LoRA only (the
     embeddings stay frozen for a real model), gradient checkpointing on, DDP over 2 ranks in Axolotl's own
-    environment; the adapter saved to the given folder, reloaded with PEFT and scored."""
+    environment, on 4-bit base weights (QLoRA, as on GPUs); the adapter saved to the given folder, reloaded
+    with PEFT and scored."""
     nb, metrics = run_notebook("09_axolotl_olmo3", **_run_parameters("09_axolotl_olmo3", tmp_path))
     assert (tmp_path / "olmo3-lora" / "adapter_model.safetensors").is_file()
     assert metrics["processes"] == 2 and 0 <= metrics["accuracy_after"] <= 1
     out = stream_text(nb)
     assert "gradient_checkpointing: true" in out and "lora_modules_to_save" not in out
+    assert "adapter: qlora" in out and "load_in_4bit: true" in out and metrics["four_bit"] is True
     assert "trained 2 steps on 2 ranks" in out and "model in DistributedDataParallel" in out
 
 

@@ -166,16 +166,16 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "`--only 08` with unsloth and unsloth_zoo wheels carried",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); the same steps timed with plain "
                          "TRL + PEFT in fresh processes"),
-    # Its GPU-only parts, asserted by the notebook itself on a GPU: QLoRA (Axolotl's `adapter: qlora` with
-    # bitsandbytes' 4-bit base weights; the notebook checks the trained model was 4-bit) and Axolotl's
-    # `bf16: auto`. The ranks run the check's own python (axolotl_python="python3"), and the check is skipped
-    # where that python cannot import Axolotl: it needs its own environment (envs/axolotl, 243 packages),
-    # which no device call can carry. Its limit is a guess: no GPU run has measured it yet.
+    # Its GPU parts, asserted by the notebook itself on a GPU: QLoRA on bitsandbytes' CUDA 4-bit kernels
+    # (Axolotl's `adapter: qlora`; the notebook checks the trained model was 4-bit; its CPU kernels run in
+    # the scale-up test) and Axolotl's `bf16: auto`. The ranks run the check's own python
+    # (axolotl_python="python3"), and the check is skipped where that python cannot import Axolotl: it
+    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry. Its limit is a
+    # guess: no GPU run has measured it yet.
     NotebookCheck(
         "09_axolotl_olmo3", 60, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
                     "axolotl_python": "python3"},
-        cpu_parameters={"load_in_4bit": False},
         carried=NOTEBOOK_KERNEL,
         uncarried=("axolotl",),
         uncarried_reason="needs Axolotl 0.13.2 in the python given as axolotl_python; its environment "
