@@ -64,6 +64,24 @@ class Refusal:
     cell: int   # index of the cell that raised, in the notebook as stored
 
 
+@dataclass
+class BadSftInputs:
+    model_without_tokenizer: Path   # a model folder (config.json) with no tokenizer files
+    alpaca_jsonl: Path              # another dataset format: instruction / output, no chat messages
+
+
+@pytest.fixture
+def bad_sft_inputs(tmp_path) -> BadSftInputs:
+    """The user inputs every fine-tuning notebook (08, 09) must refuse before any launch."""
+    import json
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "reverse: abc", "input": "", "output": "cba"}) + "\n")
+    return BadSftInputs(tmp_path / "model", alpaca)
+
+
 @pytest.fixture
 def refusals():
     """refusals('05_deepspeed_zero_sft', {"zero_stage": 4}, {...}) -> one Refusal per parameter set.

@@ -6,22 +6,16 @@ reference run. The OLMo-3-7B command runs in tests/test_scale_up.py. Here: the b
 before any launch, and before the YAML is written.
 """
 
-import json
-
 import pytest
 
 pytestmark = pytest.mark.notebook
 
 
-def test_bad_settings_fail_before_launch(refusals, tmp_path):
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    alpaca = tmp_path / "alpaca.jsonl"   # another dataset format: instruction / output, no chat messages
-    alpaca.write_text(json.dumps({"instruction": "reverse: abc", "input": "", "output": "cba"}) + "\n")
+def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path):
     cases = {
         "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
-        "holds a model but no tokenizer": {"model_name": str(tmp_path / "model")},
-        "line 1 has no 'messages' field": {"dataset_path": str(alpaca)},
+        "holds a model but no tokenizer": {"model_name": str(bad_sft_inputs.model_without_tokenizer)},
+        "line 1 has no 'messages' field": {"dataset_path": str(bad_sft_inputs.alpaca_jsonl)},
         "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
             {"lora_target_modules": ["q_proj", "qkv_proj"]},
         "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
@@ -32,4 +26,4 @@ def test_bad_settings_fail_before_launch(refusals, tmp_path):
     for message, refusal in zip(cases, refusals("09_axolotl_olmo3", *cases.values()), strict=True):
         assert message in refusal.error
         assert "[rank" not in refusal.output   # nothing was launched
-    assert not (tmp_path / "model" / "olmo3-lora.yml").exists()
+    assert not (bad_sft_inputs.model_without_tokenizer / "olmo3-lora.yml").exists()
