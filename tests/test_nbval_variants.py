@@ -35,3 +35,40 @@ def test_a_simulated_instruction_set_compiles_into_a_cache_of_its_own():
     assert all(os.path.basename(d).endswith(("_aten_default", "_aten_avx2")) for d in dirs)
     threads_only = {"HELPERS_THREADS_PER_PROCESS": "4"}
     assert with_own_inductor_cache(threads_only) == threads_only
+
+
+def _measured_variant_names(stem: str) -> set[str]:
+    from helpers.reference import load_reference
+
+    return set(load_reference(stem)["measured"]["variants"])
+
+
+def _required_variant_names(stem: str) -> set[str]:
+    """The reference-run variants whose spread covers what nbval gives this notebook's kernel."""
+    env = variant_for(stem)
+    needed = {"avx2" if env["ONEDNN_MAX_CPU_ISA"] == "AVX2" else "isa"}
+    if env["HELPERS_THREADS_PER_PROCESS"] != "1":
+        needed.add(f"threads{env['HELPERS_THREADS_PER_PROCESS']}")
+    return needed
+
+
+def test_nbval_runs_each_notebook_only_under_arithmetic_its_tolerances_were_measured_under():
+    """A notebook's tolerances come from its reference variants (benchmarks/reference_spread.py): nbval may
+    compare it only under an instruction set and thread count among them, or a pass proves nothing measured
+    and a failure is noise, not a regression."""
+    from helpers.paths import NOTEBOOKS_DIR
+
+    for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
+        missing = _required_variant_names(path.stem) - _measured_variant_names(path.stem)
+        assert not missing, (
+            f"{path.stem}: nbval runs it under {sorted(missing)}, which its reference run did not measure; "
+            f"change VARIANTS in tests/nbval_variants.py, or measure them: benchmarks/reference_spread.py "
+            f"{path.stem[:2]} --variants native,{','.join(sorted(missing))},... --write")
+
+
+def test_an_unmeasured_variant_is_caught(monkeypatch):
+    import tests.nbval_variants as nbval_variants
+
+    monkeypatch.setitem(nbval_variants.VARIANTS, 5, (nbval_variants.ISA_AVX2, 4))
+    assert _required_variant_names("05_deepspeed_zero_sft") == {"avx2", "threads4"}
+    assert not {"avx2", "threads4"} & _measured_variant_names("05_deepspeed_zero_sft")
