@@ -57,7 +57,7 @@ VARIANTS: dict[int, tuple[dict[str, str], int]] = {
     3: (ISA_BASELINE, 4),
     4: (ISA_BASELINE, 1),
     5: (ISA_BASELINE, 1),
-    6: (ISA_BASELINE, 1),
+    6: (ISA_AVX2, 1),
     7: (ISA_BASELINE, 1),
     8: (ISA_AVX2, 1),
     9: (ISA_AVX2, 1),
