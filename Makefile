@@ -14,8 +14,13 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
-# One pytest process: tried with two pytest-xdist workers (2026-12-01, 2 cores), nbval's cells of one
-# notebook lost their kernel between workers (72 failures) and the rest ran no faster, the work being CPU-bound.
+# Two pytest-xdist workers. Run alone, the tests leave a core idle a quarter of the time (kernel starts,
+# imports, process and Ray start-ups, waits on ranks): on 2 cores the suite took 22:36 in one process and
+# 17:24 in two (2026-12-02). tests/xdist_scopes.py says what may overlap: a file runs on one worker (nbval's
+# cells of a notebook share one kernel: spread over workers, 72 failed), and so do all tests that run
+# Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup -p tests.xdist_scopes)
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -58,17 +63,17 @@ run: $(STAMP) $(AXOLOTL_STAMP)
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
 test: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
 
 ## mutation: the slow half of tests/test_check_mutations.py (each check fails on the bug it names)
 mutation: $(STAMP) $(AXOLOTL_STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m mutation tests/test_check_mutations.py $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m mutation tests/test_check_mutations.py $(ARGS)
 
 unit: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -m "not notebook" tests $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not notebook" tests $(ARGS)
 
 nbval: $(STAMP) $(AXOLOTL_STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL) notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) $(NBVAL) notebooks $(ARGS)
 
 ## notebooks: re-execute notebooks at their defaults and store the outputs (NB="notebooks/01_ddp_mlp.ipynb")
 # Stored outputs are the CPU reference path, whatever the machine has.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import pytest
 
 from helpers.data.builds import read_manifest, reuse_or_build
@@ -68,3 +71,37 @@ def test_only_the_builders_outputs_are_replaced(tmp_path):
     reuse_or_build(tmp_path, {"n": 1}, [tmp_path / "part"], write)
     assert [p.name for p in (tmp_path / "part").iterdir()] == ["new.png"]
     assert (tmp_path / "users_notes.txt").read_text() == "keep me"
+
+
+def _build_slowly(folder: str, started, results) -> None:
+    """One process's build of `folder`: it writes its file in two halves, a second apart."""
+    import time
+    from pathlib import Path
+
+    out = Path(folder) / "out.txt"
+
+    def write():
+        started.set()
+        out.write_text("half")
+        time.sleep(1.0)
+        out.write_text("whole build")
+        return {"pid": os.getpid()}
+
+    build = reuse_or_build(folder, {"n": 1}, [out], write)
+    results.put((build.reused, build.manifest["pid"], out.read_text()))
+
+
+def test_two_processes_building_one_folder_at_once_build_it_once(tmp_path):
+    """The second waits for the lock, then reuses the first's build instead of deleting files mid-write."""
+    ctx = multiprocessing.get_context("fork")
+    started, results = ctx.Event(), ctx.Queue()
+    first = ctx.Process(target=_build_slowly, args=(str(tmp_path), started, results))
+    first.start()
+    assert started.wait(60), "the first build never started"
+    second = ctx.Process(target=_build_slowly, args=(str(tmp_path), ctx.Event(), results))
+    second.start()
+    outcomes = sorted(results.get(timeout=60) for _ in range(2))
+    first.join(10), second.join(10)
+    assert [reused for reused, _, _ in outcomes] == [False, True], outcomes
+    assert {pid for _, pid, _ in outcomes} == {first.pid}, "both must report the first process's build"
+    assert {text for _, _, text in outcomes} == {"whole build"}, "a reader saw a half-written build"

@@ -5,10 +5,15 @@ calls `reuse_or_build` with its arguments. The manifest is the mark of a complet
 arguments (and whatever the builder adds), it is deleted before anything is rewritten, and it is written
 last, atomically. A build interrupted half way therefore has no manifest and is rebuilt next time; a
 manifest that cannot be read counts as none.
+
+Two processes may want the same folder at once (two notebooks open in Jupyter that share a data set, or two
+test workers): the check and the build happen under an exclusive lock on a file beside the manifest, so the
+second waits for the first and then reuses its build instead of deleting the files it is writing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -44,12 +49,17 @@ def reuse_or_build(folder: str | Path, args: dict[str, Any], outputs: Iterable[P
     manifest last with `args` and the dict `build()` returns. `args` must be JSON data.
     """
     folder = Path(folder)
-    outputs = list(outputs)
-    path = folder / manifest
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{manifest}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this process dies
+        return _reuse_or_build(folder, args, list(outputs), build, folder / manifest)
+
+
+def _reuse_or_build(folder: Path, args: dict[str, Any], outputs: list[Path],
+                    build: Callable[[], dict[str, Any] | None], path: Path) -> Build:
     found = read_manifest(path)
     if found is not None and found["args"] == _as_json(args) and all(p.exists() for p in outputs):
         return Build(found, reused=True)
-    folder.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     for output in outputs:
         if output.is_dir():

@@ -1,0 +1,60 @@
+"""Tests that run Streaming never share the machine with each other on two workers (tests/xdist_scopes.py)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.xdist_scopes import STREAMING, group_of
+
+ROOT = Path(__file__).resolve().parents[1]
+# What in a test's source says it runs StreamingDataset or cleans Streaming's shared memory
+USES_STREAMING = re.compile(
+    r"StreamingDataset|clean_stale_shared_memory|(?:run_notebook|refusals|_run_parameters)\(\s*[\"']03_")
+
+
+def streaming_tests_outside_the_group(test_files: list[Path], root: Path) -> list[str]:
+    """Node ids of test functions in `test_files` that use Streaming but would run outside its group."""
+    found = []
+    for path in test_files:
+        source = path.read_text()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                nodeid = f"{path.relative_to(root).as_posix()}::{node.name}"
+                if USES_STREAMING.search(ast.get_source_segment(source, node) or "") \
+                        and group_of(nodeid) != STREAMING:
+                    found.append(nodeid)
+    return found
+
+
+def test_every_test_that_runs_streaming_is_in_its_group():
+    files = sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name != Path(__file__).name)
+    assert streaming_tests_outside_the_group(files, ROOT) == [], (
+        "these tests run Streaming: add them to STREAMING_TESTS in tests/xdist_scopes.py")
+    assert group_of("notebooks/03_lightning_two_tower_mds.ipynb::Cell 11") == STREAMING
+    mutation = "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_lightning_two_tower_mds: x]"
+    assert group_of(mutation) == STREAMING
+
+
+def test_a_new_streaming_test_outside_the_group_is_caught(tmp_path):
+    (tmp_path / "tests").mkdir()
+    new = tmp_path / "tests" / "test_new.py"
+    new.write_text("def test_reads_shards(tmp_path):\n    from streaming import StreamingDataset\n\n"
+                   "def test_other():\n    assert True\n")
+    assert streaming_tests_outside_the_group([new], tmp_path) == ["tests/test_new.py::test_reads_shards"]
+
+
+def test_other_tests_are_grouped_by_their_file():
+    """A notebook's cells share one kernel, so they must stay on one worker; other files keep theirs too."""
+    assert group_of("notebooks/02_ddp_retinanet.ipynb::Cell 6") == "notebooks/02_ddp_retinanet.ipynb"
+    assert group_of("tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs") == \
+        "tests/test_scale_up.py"
+
+
+def test_the_longest_groups_start_first():
+    from tests.xdist_scopes import start_order
+
+    groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", STREAMING, "tests/test_scale_up.py"]
+    assert sorted(groups, key=start_order) == [
+        "tests/test_scale_up.py", STREAMING, "notebooks/02_x.ipynb", "tests/test_launcher.py"]

@@ -1,0 +1,61 @@
+"""pytest-xdist plugin: which tests may run at the same time on two workers (`--dist loadgroup`).
+
+Every test gets a group, and a group runs on one worker, start to end:
+
+* its file, by default. nbval's cells of one notebook share one kernel, so a notebook cannot be spread
+  over workers (spread, 72 cells failed); and a test file's module fixtures then run once.
+* `streaming`, for every test that runs MosaicML Streaming's `StreamingDataset` (notebook 03, its tests,
+  its scale-up run, the MDS round trips). Streaming keeps its state in shared memory named by machine-wide
+  prefixes, and `clean_stale_shared_memory()`, which notebook 03 calls first as Streaming advises, unlinks
+  every segment of every prefix, including those of a run in progress on the other worker; 03 also checks
+  that /dev/shm holds none of its segments after its run. Such runs must not overlap.
+
+A test marked `xdist_group` by itself keeps its group. The longest groups are handed out first (the scale-up
+runs, about 7 minutes on 2 cores; Streaming's, about 3; then the notebooks, a minute or two each), so that no
+long group starts last, on one worker, while the other has nothing left to do. Loaded with
+`-p tests.xdist_scopes` (the Makefile does it whenever it runs the tests on more than one worker).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+STREAMING = "streaming"
+# Node ids of the tests that run StreamingDataset (tests/test_xdist_scopes.py checks the list stays whole)
+STREAMING_TESTS = (
+    "notebooks/03_lightning_two_tower_mds.ipynb::",
+    "tests/test_nb03_lightning_two_tower_mds.py::",
+    "tests/test_scale_up.py::test_03_",
+    "tests/test_data_movielens.py::",
+    "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_",
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: `streaming` for Streaming's users, else its file."""
+    if nodeid.startswith(STREAMING_TESTS):
+        return STREAMING
+    return nodeid.split("::", 1)[0]
+
+
+def start_order(group: str) -> int:
+    """Groups with a lower number are handed out first: the longest ones."""
+    if group == "tests/test_scale_up.py":
+        return 0
+    if group == STREAMING:
+        return 1
+    return 2 if group.startswith("notebooks/") else 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
+    # xdist hands out groups in the order they are first collected; a stable sort keeps each one's order
+    items.sort(key=lambda item: start_order(_group_mark(item)))
+
+
+def _group_mark(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
