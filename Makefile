@@ -20,7 +20,7 @@ ARGS ?=
 # cells of a notebook share one kernel: spread over workers, 72 failed), and so do all tests that run
 # Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup -p tests.xdist_scopes)
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope -p tests.xdist_scopes)
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 

@@ -1,4 +1,4 @@
-"""pytest-xdist plugin: which tests may run at the same time on two workers (`--dist loadgroup`).
+"""pytest-xdist plugin: which tests may run at the same time on two workers.
 
 Every test gets a group, and a group runs on one worker, start to end:
 
@@ -10,7 +10,7 @@ Every test gets a group, and a group runs on one worker, start to end:
   every segment of every prefix, including those of a run in progress on the other worker; 03 also checks
   that /dev/shm holds none of its segments after its run. Such runs must not overlap.
 
-A test marked `xdist_group` by itself keeps its group. The longest groups are handed out first (the scale-up
+The longest groups are handed out first (the scale-up
 runs, about 7 minutes on 2 cores; Streaming's, about 3; then the notebooks, a minute or two each), so that no
 long group starts last, on one worker, while the other has nothing left to do. Loaded with
 `-p tests.xdist_scopes` (the Makefile does it whenever it runs the tests on more than one worker).
@@ -47,15 +47,21 @@ def start_order(group: str) -> int:
     return 2 if group.startswith("notebooks/") else 3
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make the scheduler of --dist
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler by scope, with our groups as the scopes, handed out in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    # (xdist's own way, `--dist loadgroup` with xdist_group marks, writes the group into the node id, which
+    # pytest 9 no longer lets a plugin change: each test became a group, and notebooks lost their kernel)
+    config.option.loadscopereorder = False  # keep the order below, not xdist's (most tests first)
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
-    # xdist hands out groups in the order they are first collected; a stable sort keeps each one's order
-    items.sort(key=lambda item: start_order(_group_mark(item)))
-
-
-def _group_mark(item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    # groups are handed out in the order they are first collected; a stable sort keeps each one's order
+    items.sort(key=lambda item: start_order(group_of(item.nodeid)))
