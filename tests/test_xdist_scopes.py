@@ -58,3 +58,35 @@ def test_the_longest_groups_start_first():
     groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", STREAMING, "tests/test_scale_up.py"]
     assert sorted(groups, key=start_order) == [
         "tests/test_scale_up.py", STREAMING, "notebooks/02_x.ipynb", "tests/test_launcher.py"]
+
+
+def test_two_workers_keep_each_group_on_one_worker(tmp_path):
+    """A real two-worker run of a small suite: each file on one worker, Streaming's files together.
+
+    xdist's own `--dist loadgroup` fails this on pytest 9 (pytest-dev/pytest-xdist#1386): it spread the
+    cells of a notebook over both workers.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    body = ("import json, os\n\n" + "".join(
+        f"def test_{i}():\n    with open({str(tmp_path / 'ran.jsonl')!r}, 'a') as f:\n"
+        f"        f.write(json.dumps([__name__, os.environ['PYTEST_XDIST_WORKER']]) + '\\n')\n\n"
+        for i in range(6)))
+    for name in ("test_data_movielens", "test_nb03_lightning_two_tower_mds", "test_a", "test_b", "test_c"):
+        (tests / f"{name}.py").write_text(body)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                           "--dist", "loadscope", "-p", "tests.xdist_scopes", "tests"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers: dict[str, set[str]] = {}
+    for module, worker in map(json.loads, (tmp_path / "ran.jsonl").read_text().splitlines()):
+        workers.setdefault(module, set()).add(worker)
+    assert all(len(w) == 1 for w in workers.values()) and len(workers) == 5, workers
+    assert workers["test_data_movielens"] == workers["test_nb03_lightning_two_tower_mds"], workers
+    assert len(set().union(*workers.values())) == 2, f"both workers should have had work: {workers}"

@@ -57,7 +57,8 @@ def pytest_xdist_make_scheduler(config, log):
             return group_of(nodeid)
 
     # (xdist's own way, `--dist loadgroup` with xdist_group marks, writes the group into the node id, which
-    # pytest 9 no longer lets a plugin change: each test became a group, and notebooks lost their kernel)
+    # pytest 9 no longer lets a plugin change: each test became a group, and notebooks lost their kernel;
+    # pytest-dev/pytest-xdist#1386, open, with xdist 3.8.0 and pytest 9.2.0)
     config.option.loadscopereorder = False  # keep the order below, not xdist's (most tests first)
     return GroupScheduling(config, log)
 
