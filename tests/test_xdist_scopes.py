@@ -48,16 +48,21 @@ def test_a_new_streaming_test_outside_the_group_is_caught(tmp_path):
 def test_other_tests_are_grouped_by_their_file():
     """A notebook's cells share one kernel, so they must stay on one worker; other files keep theirs too."""
     assert group_of("notebooks/02_ddp_retinanet.ipynb::Cell 6") == "notebooks/02_ddp_retinanet.ipynb"
-    assert group_of("tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs") == \
-        "tests/test_scale_up.py"
+    assert group_of("tests/test_scale_up.py::test_a_drifted_command_is_caught") == "tests/test_scale_up.py"
+
+
+def test_each_scale_up_run_is_a_group_of_its_own():
+    run = "tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs"
+    assert group_of(run) == run
 
 
 def test_the_longest_groups_start_first():
     from tests.xdist_scopes import start_order
 
-    groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", STREAMING, "tests/test_scale_up.py"]
-    assert sorted(groups, key=start_order) == [
-        "tests/test_scale_up.py", STREAMING, "notebooks/02_x.ipynb", "tests/test_launcher.py"]
+    run = "tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs"
+    groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", run, STREAMING]
+    assert sorted(groups, key=start_order) == [STREAMING, "notebooks/02_x.ipynb", run,
+                                               "tests/test_launcher.py"]
 
 
 def test_two_workers_keep_each_group_on_one_worker(tmp_path):

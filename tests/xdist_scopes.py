@@ -4,19 +4,23 @@ Every test gets a group, and a group runs on one worker, start to end:
 
 * its file, by default. nbval's cells of one notebook share one kernel, so a notebook cannot be spread
   over workers (spread, 72 cells failed); and a test file's module fixtures then run once.
+* itself, for each notebook's scale-up run (tests/test_scale_up.py::test_NN_...): a minute or two each on
+  2 cores, they share no fixture, and as one file they made a 12-minute group that finished alone.
 * `streaming`, for every test that runs MosaicML Streaming's `StreamingDataset` (notebook 03, its tests,
   its scale-up run, the MDS round trips). Streaming keeps its state in shared memory named by machine-wide
   prefixes, and `clean_stale_shared_memory()`, which notebook 03 calls first as Streaming advises, unlinks
   every segment of every prefix, including those of a run in progress on the other worker; 03 also checks
   that /dev/shm holds none of its segments after its run. Such runs must not overlap.
 
-The longest groups are handed out first (the scale-up
-runs, about 7 minutes on 2 cores; Streaming's, about 3; then the notebooks, a minute or two each), so that no
-long group starts last, on one worker, while the other has nothing left to do. Loaded with
-`-p tests.xdist_scopes` (the Makefile does it whenever it runs the tests on more than one worker).
+The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
+the scale-up runs, a minute or two each; then the rest, seconds each), so that no long group starts last,
+on one worker, while the other has nothing left to do. Loaded with `-p tests.xdist_scopes` (the Makefile
+does it whenever it runs the tests on more than one worker).
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -31,20 +35,23 @@ STREAMING_TESTS = (
 )
 
 
+SCALE_UP_RUN = re.compile(r"tests/test_scale_up\.py::test_\d\d_")
+
+
 def group_of(nodeid: str) -> str:
-    """The group a test runs in: `streaming` for Streaming's users, else its file."""
+    """A test's group: `streaming` for Streaming's users, itself for a scale-up run, else its file."""
     if nodeid.startswith(STREAMING_TESTS):
         return STREAMING
+    if SCALE_UP_RUN.match(nodeid):
+        return nodeid
     return nodeid.split("::", 1)[0]
 
 
 def start_order(group: str) -> int:
     """Groups with a lower number are handed out first: the longest ones."""
-    if group == "tests/test_scale_up.py":
-        return 0
     if group == STREAMING:
-        return 1
-    return 2 if group.startswith("notebooks/") else 3
+        return 0
+    return 1 if group.startswith("notebooks/") or SCALE_UP_RUN.match(group) else 2
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make the scheduler of --dist
