@@ -95,6 +95,7 @@ BUNDLE: tuple[Wheel, ...] = (
     Wheel("pure-eval", "0.2.4", "stack-data"),
     # --- 02: torchvision's CocoDetection reader and torchmetrics' mAP use pycocotools
     Wheel("pycocotools", "2.0.11", "02: COCO reader and mAP (compiled)"),
+    Wheel("faster-coco-eval", "1.8.0", "02: mAP, torchmetrics' C++ COCO evaluation (compiled)"),
     # --- 03: MosaicML Streaming (MDS shards), with the codecs it imports at start (its other requirements,
     # cloud SDKs, are imported only for remote storage)
     Wheel("mosaicml-streaming", "0.13.0", "03: MDSWriter / StreamingDataset"),
