@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-ISAS = {
-    "native": {},
-    "AVX2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "baseline": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers._env import ISA_AVX2, ISA_BASELINE  # noqa: E402
+
+ISAS = {"native": {}, "AVX2": ISA_AVX2, "baseline": ISA_BASELINE}
 
 # One training step of `net` on `x`, timed after a warm-up; threads from argv. Milliseconds a step.
 TIMED = """

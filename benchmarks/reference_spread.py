@@ -34,19 +34,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helpers._env import temporary_environ, with_own_inductor_cache  # noqa: E402
+from helpers._env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
 from helpers.execute import execute_notebook  # noqa: E402
 from helpers.gallery import discover  # noqa: E402
 from helpers.reference import REFERENCES_DIR, measured_values  # noqa: E402
 
-ISA_BASELINE = {
-    "ATEN_CPU_CAPABILITY": "default",
-    "ONEDNN_MAX_CPU_ISA": "SSE41",
-    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-}
 ENVIRONMENTS = {
     "native": {},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx2": ISA_AVX2,
     "isa": ISA_BASELINE,
     "threads4": {"HELPERS_THREADS_PER_PROCESS": "4"},
     "threads1": {"HELPERS_THREADS_PER_PROCESS": "1"},

@@ -1,10 +1,26 @@
-"""Temporary environment variables, restored exactly afterwards (set, changed or unset)."""
+"""Temporary environment variables, restored exactly afterwards (set, changed or unset), and the variables
+that give a process another machine's CPU arithmetic."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
+
+# Kernels of another instruction set, for ATen, oneDNN and MKL together, so one machine can check what another
+# would compute (nbval's variants, the reference measurements, their cost benchmark). AVX2: the common machine
+# without AVX-512. Baseline: a machine no one has (ATen without SIMD, oneDNN at SSE4.1, MKL at SSE4.2), as far
+# from an AVX-512 host's arithmetic as these switches go.
+ISA_AVX2: Mapping[str, str] = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+ISA_BASELINE: Mapping[str, str] = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+}
 
 
 @contextlib.contextmanager

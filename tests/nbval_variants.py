@@ -32,18 +32,7 @@ import re
 
 import pytest
 
-from helpers._env import with_own_inductor_cache
-
-ISA_BASELINE = {
-    "ATEN_CPU_CAPABILITY": "default",
-    "ONEDNN_MAX_CPU_ISA": "SSE41",
-    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-}
-ISA_AVX2 = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-}
+from helpers._env import ISA_AVX2, ISA_BASELINE, with_own_inductor_cache
 
 # Notebooks that run torch.compile on CPU. Inductor reads ATEN_CPU_CAPABILITY too, and with "default" (no
 # SIMD) torch 2.14's generated C++ still calls at::vec and fails to build ("'at::vec' has not been declared",

@@ -67,7 +67,10 @@ def test_crash_and_resume(run_notebook, tmp_path):
     assert all((p / ".metadata").exists() for p in (ckpt / "main").iterdir())
 
 
-def test_crash_before_first_checkpoint_is_refused(refusals):
-    [refusal] = refusals("04_fsdp_transformer", dict(fail_at_step=5, checkpoint_every=25))
-    assert "before the first checkpoint" in refusal.error
-    assert "[rank" not in refusal.output
+def test_bad_settings_are_refused_before_launch(refusals):
+    crash, preset = refusals("04_fsdp_transformer", dict(fail_at_step=5, checkpoint_every=25),
+                             dict(preset="100M"))
+    assert "before the first checkpoint" in crash.error
+    # the presets come from helpers/models/gpt.py (shared with 10): the message lists what exists there
+    assert "preset='100M' is not one of 'tiny', '10M'" in preset.error
+    assert "[rank" not in crash.output + preset.output
