@@ -204,3 +204,50 @@ def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
     cleanup = "from streaming.base.util import clean_stale_shared_memory; clean_stale_shared_memory()"
     subprocess.run([sys.executable, "-c", cleanup], check=True, timeout=120)
     assert not leaked & set(os.listdir("/dev/shm"))
+
+
+def test_leftovers_are_cleaned_and_a_live_run_keeps_its_segments(tmp_path):
+    """Notebook 03's cleanup (helpers.data.streaming_cleanup) removes what a killed reader left and leaves the
+    segments of a reader still running alone: Streaming's clean_stale_shared_memory() unlinks those too."""
+    if not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"):
+        pytest.skip("no /dev/shm or /proc on this system")
+    from helpers.data.streaming_cleanup import clean_streaming_leftovers, streaming_segments
+
+    for name in ("crashed", "live"):
+        write_mds(_samples(64), tmp_path / name, COLUMNS, size_limit=1024)
+    before = set(streaming_segments())
+    crash = textwrap.dedent(f"""
+        import os, signal, tempfile; tempfile.tempdir = {str(tmp_path)!r}
+        from streaming import StreamingDataset
+        ds = StreamingDataset(local={str(tmp_path / "crashed")!r}, remote=None, shuffle=True, batch_size=8)
+        next(iter(ds))
+        from multiprocessing import resource_tracker
+        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert subprocess.run([sys.executable, "-c", crash], timeout=120).returncode == -signal.SIGKILL
+    leaked = set(streaming_segments()) - before
+    assert leaked, "expected the killed reader to leave shared memory behind"
+
+    live = textwrap.dedent(f"""
+        import sys, tempfile; tempfile.tempdir = {str(tmp_path)!r}
+        from streaming import StreamingDataset
+        ds = StreamingDataset(local={str(tmp_path / "live")!r}, remote=None, shuffle=False, batch_size=8)
+        print(sum(1 for _ in ds), flush=True)   # ready: its segments exist
+        sys.stdin.readline()                    # ... and stay held while the cleanup runs
+        print(sum(1 for _ in ds), flush=True)
+    """)
+    reader = subprocess.Popen([sys.executable, "-c", live], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "64", reader.stderr.read() if reader.poll() else ""
+        held = set(streaming_segments()) - before - leaked
+        assert held, "expected the running reader to hold shared memory"
+        removed = set(clean_streaming_leftovers())
+        assert leaked <= removed and not removed & held, (leaked, held, removed)
+        assert held <= set(streaming_segments()) and not leaked & set(streaming_segments())
+        out, err = reader.communicate("go\n", timeout=120)
+        assert reader.returncode == 0 and out.strip() == "64", err   # the live run went on unharmed
+    finally:
+        if reader.poll() is None:
+            reader.kill()

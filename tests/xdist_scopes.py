@@ -8,9 +8,10 @@ Every test gets a group, and a group runs on one worker, start to end:
   2 cores, they share no fixture, and as one file they made a 12-minute group that finished alone.
 * `streaming`, for every test that runs MosaicML Streaming's `StreamingDataset` (notebook 03, its tests,
   its scale-up run, the MDS round trips). Streaming keeps its state in shared memory named by machine-wide
-  prefixes, and `clean_stale_shared_memory()`, which notebook 03 calls first as Streaming advises, unlinks
-  every segment of every prefix, including those of a run in progress on the other worker; 03 also checks
-  that /dev/shm holds none of its segments after its run. Such runs must not overlap.
+  prefixes, and `clean_stale_shared_memory()`, which a test of the MovieLens data calls as Streaming
+  advises, unlinks every segment of every prefix, including those of a run in progress on the other worker
+  (notebook 03 itself calls `helpers.data.streaming_cleanup`, which spares live runs). Such runs must not
+  overlap.
 
 The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
 the scale-up runs, a minute or two each; then the rest, seconds each), so that no long group starts last,
