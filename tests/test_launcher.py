@@ -379,3 +379,30 @@ def test_ranks_end_when_the_launching_process_dies(tmp_path):
     for pid in left:   # do not leave them behind even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert not left, f"ranks {left} outlived the process that launched them"
+
+
+
+def test_helpers_preload_imports_once_in_the_forkserver():
+    """HELPERS_PRELOAD (set before the first @distributed, as notebook 10 does) makes every rank of every
+    launch start with those modules imported; without it a rank imports them itself (torch._dynamo: 1.2 s,
+    which every torch optimizer pays when built). A fresh interpreter each: no other test's server counts."""
+    code = textwrap.dedent("""
+        import sys
+        from helpers import distributed
+
+        @distributed(processes=2, device="cpu")
+        def probe():
+            import sys
+            return "torch._dynamo" in sys.modules
+
+        print(probe.distributed(), "torch._dynamo" in sys.modules)
+    """)
+    seen = {}
+    for preload in ("torch._dynamo", ""):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": preload}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             cwd=ROOT, env=env)
+        assert out.returncode == 0, out.stderr
+        seen[preload] = out.stdout.strip().splitlines()[-1]
+    # ranks: with it, without it; the caller (last) never imported it
+    assert seen == {"torch._dynamo": "[True, True] False", "": "[False, False] False"}
