@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -179,28 +178,35 @@ def test_shards_read_back_with_streaming(tmp_path):
     assert out.stdout.strip().endswith(f"(5, {frame.movie[5]}, {float(frame.genres[5][1])})")
 
 
-def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
-    """A reader killed hard (with its resource tracker, as when a job's process group is killed) leaves
-    /dev/shm segments that would break the next run; the cleanup call the notebook makes removes them."""
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm on this system")
-    write_mds(_samples(64), tmp_path / "mds", COLUMNS, size_limit=1024)
-    pattern = re.compile(r"^\d{6}_")
-    before = {p for p in os.listdir("/dev/shm") if pattern.match(p)}
+def _kill_a_reader(tmp_path, folder: str) -> set[str]:
+    """Run a StreamingDataset on `folder` and kill it hard, with its resource tracker (as when a job's process
+    group is killed); returns the /dev/shm segments it left behind."""
+    from helpers.data.streaming_cleanup import streaming_segments
+
+    write_mds(_samples(64), tmp_path / folder, COLUMNS, size_limit=1024)
+    before = set(streaming_segments())
     code = textwrap.dedent(f"""
         import os, signal, tempfile; tempfile.tempdir = {str(tmp_path)!r}
         from streaming import StreamingDataset
-        ds = StreamingDataset(local={str(tmp_path / "mds")!r}, remote=None, shuffle=True, batch_size=8)
+        ds = StreamingDataset(local={str(tmp_path / folder)!r}, remote=None, shuffle=True, batch_size=8)
         next(iter(ds))
-        # A hard kill of the whole process group: the tracker that would unlink goes too.
         from multiprocessing import resource_tracker
         os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == -signal.SIGKILL
-    leaked = {p for p in os.listdir("/dev/shm") if pattern.match(p)} - before
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    leaked = set(streaming_segments()) - before
     assert leaked, "expected the killed reader to leave shared memory behind"
+    return leaked
+
+
+def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
+    """A hard-killed reader's /dev/shm segments would break the next run; Streaming's own cleanup removes them
+    (and everyone else's: notebook 03 uses helpers.data.streaming_cleanup, tested below)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this system")
+    leaked = _kill_a_reader(tmp_path, "mds")
     cleanup = "from streaming.base.util import clean_stale_shared_memory; clean_stale_shared_memory()"
     subprocess.run([sys.executable, "-c", cleanup], check=True, timeout=120)
     assert not leaked & set(os.listdir("/dev/shm"))
@@ -213,22 +219,9 @@ def test_leftovers_are_cleaned_and_a_live_run_keeps_its_segments(tmp_path):
         pytest.skip("no /dev/shm or /proc on this system")
     from helpers.data.streaming_cleanup import clean_streaming_leftovers, streaming_segments
 
-    for name in ("crashed", "live"):
-        write_mds(_samples(64), tmp_path / name, COLUMNS, size_limit=1024)
-    before = set(streaming_segments())
-    crash = textwrap.dedent(f"""
-        import os, signal, tempfile; tempfile.tempdir = {str(tmp_path)!r}
-        from streaming import StreamingDataset
-        ds = StreamingDataset(local={str(tmp_path / "crashed")!r}, remote=None, shuffle=True, batch_size=8)
-        next(iter(ds))
-        from multiprocessing import resource_tracker
-        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    assert subprocess.run([sys.executable, "-c", crash], timeout=120).returncode == -signal.SIGKILL
-    leaked = set(streaming_segments()) - before
-    assert leaked, "expected the killed reader to leave shared memory behind"
-
+    leaked = _kill_a_reader(tmp_path, "crashed")
+    before = set(streaming_segments()) - leaked
+    write_mds(_samples(64), tmp_path / "live", COLUMNS, size_limit=1024)
     live = textwrap.dedent(f"""
         import sys, tempfile; tempfile.tempdir = {str(tmp_path)!r}
         from streaming import StreamingDataset

@@ -381,7 +381,6 @@ def test_ranks_end_when_the_launching_process_dies(tmp_path):
     assert not left, f"ranks {left} outlived the process that launched them"
 
 
-
 def test_helpers_preload_imports_once_in_the_forkserver():
     """HELPERS_PRELOAD (set before the first @distributed, as notebook 10 does) makes every rank of every
     launch start with those modules imported; without it a rank imports them itself (torch._dynamo: 1.2 s,

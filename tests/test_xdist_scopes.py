@@ -11,7 +11,8 @@ from tests.xdist_scopes import STREAMING, group_of
 ROOT = Path(__file__).resolve().parents[1]
 # What in a test's source says it runs StreamingDataset or cleans Streaming's shared memory
 USES_STREAMING = re.compile(
-    r"StreamingDataset|clean_stale_shared_memory|clean_streaming_leftovers|(?:run_notebook|refusals|_run_parameters)\(\s*[\"']03_")
+    r"StreamingDataset|clean_stale_shared_memory|clean_streaming_leftovers"
+    r"|(?:run_notebook|refusals|_run_parameters)\(\s*[\"']03_")
 
 
 def streaming_tests_outside_the_group(test_files: list[Path], root: Path) -> list[str]:
