@@ -15,6 +15,7 @@ from helpers.launch import (
     RankFailedError,
     distributed,
     plan_launch,
+    preload,
     ray_session,
 )
 from helpers.metrics import record_metrics
@@ -34,6 +35,7 @@ __all__ = [
     "check_against_reference",
     "distributed",
     "plan_launch",
+    "preload",
     "progress_bar",
     "ray_session",
     "record_metrics",

@@ -406,6 +406,54 @@ def test_ranks_end_when_the_launching_process_dies(tmp_path):
     assert not left, f"ranks {left} outlived the process that launched them"
 
 
+def test_preload_starts_the_forkserver_at_once_with_those_modules():
+    """preload(...) in a notebook's import cell: the server is up before any launch, the ranks start with the
+    modules imported, a re-run of the cell is silent, and a module asked for too late is named in a warning
+    (it cannot join a running server). A fresh interpreter: no other test's server counts."""
+    code = textwrap.dedent("""
+        import json, os, sys, warnings
+        import psutil
+        from helpers import distributed, preload
+
+        listed = preload("colorsys")
+        servers = [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            preload("colorsys")
+            rerun_quiet = not caught
+            preload("wave")
+
+        @distributed(processes=2, device="cpu")
+        def probe():
+            import sys
+            return ["colorsys" in sys.modules, "wave" in sys.modules]
+
+        print(json.dumps({"listed": listed, "servers": len(servers), "rerun_quiet": rerun_quiet,
+                          "late": [str(w.message) for w in caught], "ranks": probe.distributed(),
+                          "caller": "colorsys" in sys.modules}))
+    """)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["listed"] == ["helpers.launch.local_worker", "colorsys"]
+    assert report["servers"] == 1, "preload did not start the forkserver before the launch"
+    assert report["rerun_quiet"]
+    assert len(report["late"]) == 1 and "['wave'] will be imported by each rank instead" in report["late"][0]
+    assert report["ranks"] == [[True, False], [True, False]] and report["caller"] is False
+
+
+def test_preload_refuses_a_module_that_does_not_exist_before_starting_anything():
+    """The forkserver skips a module it cannot import without a word; preload names it instead. The check
+    finds submodules without importing their packages (the server is there to import them)."""
+    from helpers.launch import local
+
+    with pytest.raises(ValueError, match=r"no module named 'trl\.trainer\.sft_trainr', 'nosuch' in this"):
+        local.preload("trl.trainer.sft_trainer", "trl.trainer.sft_trainr", "nosuch")
+    assert all(local._module_exists(m) for m in ("trl.trainer.sft_trainer", "torchvision.models.detection"))
+
+
 def test_helpers_preload_imports_once_in_the_forkserver():
     """HELPERS_PRELOAD (set before the first @distributed, as notebook 10 does) makes every rank of every
     launch start with those modules imported; without it a rank imports them itself (torch._dynamo: 1.2 s,

@@ -25,6 +25,7 @@ from helpers.context import BACKEND_ENV
 from helpers.launch import local
 from helpers.launch import ray as ray_backend
 from helpers.launch.errors import RankError, RankFailedError
+from helpers.launch.local import preload
 from helpers.launch.options import (
     LaunchError,
     LaunchOptions,
@@ -40,7 +41,7 @@ R = TypeVar("R")
 
 __all__ = [
     "DistributedFunction", "LaunchError", "LaunchOptions", "LaunchPlan", "RankError", "RankFailedError",
-    "check_options", "distributed", "launch", "plan_launch", "ray_session",
+    "check_options", "distributed", "launch", "plan_launch", "preload", "ray_session",
 ]
 
 

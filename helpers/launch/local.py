@@ -15,6 +15,8 @@ What this module adds is what a notebook needs on top of it:
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -24,6 +26,7 @@ import socket
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ from helpers.progress import watch_progress_dir
 
 _HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 _forkserver_ready = False
+_forkserver_modules: list[str] = []
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -47,27 +51,70 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def prepare_forkserver(start_now: bool = False) -> None:
+def _preload_list(modules: tuple[str, ...] = ()) -> list[str]:
+    """The forkserver's imports: the worker module (and torch with it), `modules`, then HELPERS_PRELOAD's."""
+    extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
+    return list(dict.fromkeys([local_worker.__name__, *modules, *extra]))
+
+
+def prepare_forkserver(start_now: bool = False, modules: tuple[str, ...] = ()) -> None:
     """Ask the forkserver to import torch (through the worker module) once, before its first fork.
 
     With start_now, the server process starts at once and imports torch while the notebook goes on
     (the decorator calls this), so the first launch a few cells later finds it warm.
     """
-    global _forkserver_ready
+    global _forkserver_ready, _forkserver_modules
     if not _forkserver_ready:
         # Spinning OpenMP threads steal the cores of the other ranks on a CPU launch; libgomp reads this
         # once, when the forkserver imports torch, so it is set before the server starts.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         # Only torch by default: every extra module delays the first launch by its import time (torch._dynamo
         # ~0.7 s, DCP ~0.3 s), which is what a cold launch pays. Notebooks that launch many times with FSDP,
-        # DeepSpeed or Lightning (which import dynamo lazily in every rank) can add them: HELPERS_PRELOAD=
-        # "torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
-        extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
-        multiprocessing.get_context("forkserver").set_forkserver_preload([local_worker.__name__, *extra])
+        # DeepSpeed or Lightning (which import dynamo lazily in every rank) add them with `preload(...)` or
+        # HELPERS_PRELOAD="torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
+        _forkserver_modules = _preload_list(modules)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(_forkserver_modules)
         _forkserver_ready = True
     if start_now:
         with contextlib.suppress(Exception):  # a failure here only costs the head start
             _compat.start_forkserver()
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `import name` would find the module, without importing it or its parent packages."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for part in parts[1:]:
+            if spec is None or not spec.submodule_search_locations:
+                return False
+            spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
+
+
+def preload(*modules: str) -> list[str]:
+    """Start the launcher's forkserver now, importing `modules` there once; every rank forks from it.
+
+    A rank that imports transformers, TRL and DeepSpeed itself spends seconds of every launch on it, each
+    rank at once. Called in a notebook's import cell, the server imports them on a free core while the
+    notebook goes on (its own imports, its data), and the ranks start with them loaded. HELPERS_PRELOAD
+    (comma-separated) adds to the list. The server starts once per process: a later call with other
+    modules cannot add them, and says so. Returns the modules the server imports.
+    """
+    unknown = [m for m in modules if not _module_exists(m)]
+    if unknown:   # the forkserver would skip it silently, and every rank would import it itself
+        raise ValueError(f"preload: no module named {', '.join(map(repr, unknown))} in this environment; "
+                         "check the spelling (a name as in `import name`)")
+    if _forkserver_ready:
+        missing = [m for m in _preload_list(modules) if m not in _forkserver_modules]
+        if missing:
+            warnings.warn(f"the launcher's forkserver already runs with {_forkserver_modules}; {missing} "
+                          "will be imported by each rank instead. Call preload(...) before the first "
+                          "@distributed (restart the kernel to change it now).", stacklevel=2)
+    prepare_forkserver(start_now=multiprocessing.current_process().name == "MainProcess", modules=modules)
+    return list(_forkserver_modules)
 
 
 @contextlib.contextmanager
