@@ -406,17 +406,22 @@ def test_ranks_end_when_the_launching_process_dies(tmp_path):
     assert not left, f"ranks {left} outlived the process that launched them"
 
 
-def test_preload_starts_the_forkserver_at_once_with_those_modules():
+def test_preload_starts_the_forkserver_at_once_with_those_modules(tmp_path):
     """preload(...) in a notebook's import cell: the server is up before any launch, the ranks start with the
     modules imported, a re-run of the cell is silent, and a module asked for too late is named in a warning
-    (it cannot join a running server). A fresh interpreter: no other test's server counts."""
+    (it cannot join a running server). What a module prints as the server imports it goes to the server's log,
+    not to the caller's output (in Jupyter: whichever cell runs then). A fresh interpreter: no other test's
+    server counts."""
+    (tmp_path / "noisy_at_import.py").write_text("import sys\nprint('banner on stdout')\n"
+                                                 "print('banner on stderr', file=sys.stderr)\n")
     code = textwrap.dedent("""
-        import json, os, sys, warnings
+        import json, os, sys, time, warnings
         import psutil
         from helpers import distributed, preload
 
-        listed = preload("colorsys")
-        servers = [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        listed = preload("colorsys", "noisy_at_import")
+        servers = [p for p in psutil.Process().children()
+                   if "multiprocessing.forkserver" in " ".join(p.cmdline())]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             preload("colorsys")
@@ -426,22 +431,32 @@ def test_preload_starts_the_forkserver_at_once_with_those_modules():
         @distributed(processes=2, device="cpu")
         def probe():
             import sys
-            return ["colorsys" in sys.modules, "wave" in sys.modules]
+            print("a rank prints", flush=True)
+            return ["colorsys" in sys.modules, "wave" in sys.modules, "noisy_at_import" in sys.modules]
 
-        print(json.dumps({"listed": listed, "servers": len(servers), "rerun_quiet": rerun_quiet,
+        print(json.dumps({"listed": listed, "servers": [p.pid for p in servers], "rerun_quiet": rerun_quiet,
                           "late": [str(w.message) for w in caught], "ranks": probe.distributed(),
                           "caller": "colorsys" in sys.modules}))
     """)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": "",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env=env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["listed"] == ["helpers.launch.local_worker", "colorsys"]
-    assert report["servers"] == 1, "preload did not start the forkserver before the launch"
+    assert report["listed"] == ["helpers.launch.forkserver_output", "helpers.launch.local_worker", "colorsys",
+                                "noisy_at_import"]
+    assert len(report["servers"]) == 1, "preload did not start the forkserver before the launch"
     assert report["rerun_quiet"]
     assert len(report["late"]) == 1 and "['wave'] will be imported by each rank instead" in report["late"][0]
-    assert report["ranks"] == [[True, False], [True, False]] and report["caller"] is False
+    assert report["ranks"] == [[True, False, True], [True, False, True]] and report["caller"] is False
+    assert "banner" not in out.stdout + out.stderr, "the forkserver's import output reached the caller"
+    assert "[rank0] a rank prints" in out.stdout   # the ranks' own output still does
+    from helpers.launch.forkserver_output import log_path
+
+    log = Path(log_path(report["servers"][0]))
+    assert log.read_text() == "banner on stdout\nbanner on stderr\n"
+    log.unlink()
 
 
 def test_preload_refuses_a_module_that_does_not_exist_before_starting_anything():
@@ -454,10 +469,29 @@ def test_preload_refuses_a_module_that_does_not_exist_before_starting_anything()
     assert all(local._module_exists(m) for m in ("trl.trainer.sft_trainer", "torchvision.models.detection"))
 
 
+def test_preload_adds_nothing_on_a_machine_with_gpus(monkeypatch):
+    """Libraries that set CUDA up as they load (bitsandbytes under PEFT, Unsloth) would leave a forkserver
+    whose ranks cannot use the GPU: with GPUs, only torch is pre-loaded and each rank imports the rest."""
+    import torch
+
+    from helpers.launch import local
+
+    calls = []
+    monkeypatch.setattr(local, "_forkserver_ready", False)
+    monkeypatch.setattr(local, "_forkserver_modules", ["helpers.launch.local_worker"])
+    monkeypatch.setattr(local, "prepare_forkserver", lambda start_now, modules: calls.append(modules))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    local.preload("peft", "colorsys")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    local.preload("peft", "colorsys")
+    assert calls == [(), ("peft", "colorsys")]
+
+
 def test_helpers_preload_imports_once_in_the_forkserver():
-    """HELPERS_PRELOAD (set before the first @distributed, as notebook 10 does) makes every rank of every
-    launch start with those modules imported; without it a rank imports them itself (torch._dynamo: 1.2 s,
-    which every torch optimizer pays when built). A fresh interpreter each: no other test's server counts."""
+    """HELPERS_PRELOAD (set before the first @distributed, e.g. outside the notebook) makes every rank of
+    every launch start with those modules imported; without it a rank imports them itself (torch._dynamo:
+    1.2 s, which every torch optimizer pays when built). A fresh interpreter each: no other test's server
+    counts."""
     code = textwrap.dedent("""
         import sys
         from helpers import distributed

@@ -41,6 +41,8 @@ from helpers.progress import watch_progress_dir
 
 _HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 _forkserver_ready = False
+# Imported by the forkserver only, first: it sends the server's own output to a file (the module says why).
+FORKSERVER_OUTPUT = "helpers.launch.forkserver_output"
 _forkserver_modules: list[str] = []
 
 
@@ -52,9 +54,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _preload_list(modules: tuple[str, ...] = ()) -> list[str]:
-    """The forkserver's imports: the worker module (and torch with it), `modules`, then HELPERS_PRELOAD's."""
+    """The forkserver's imports: its output to a file, the worker module (and torch with it), `modules`, then
+    HELPERS_PRELOAD's."""
     extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
-    return list(dict.fromkeys([local_worker.__name__, *modules, *extra]))
+    return list(dict.fromkeys([FORKSERVER_OUTPUT, local_worker.__name__, *modules, *extra]))
 
 
 def prepare_forkserver(start_now: bool = False, modules: tuple[str, ...] = ()) -> None:
@@ -102,11 +105,19 @@ def preload(*modules: str) -> list[str]:
     notebook goes on (its own imports, its data), and the ranks start with them loaded. HELPERS_PRELOAD
     (comma-separated) adds to the list. The server starts once per process: a later call with other
     modules cannot add them, and says so. Returns the modules the server imports.
+
+    On a machine with GPUs it adds nothing to torch: libraries set CUDA up as they load (bitsandbytes, which
+    PEFT and TRL import, asks every GPU for its compute capability; Unsloth reads the GPU's properties), and
+    ranks forked from a process that has set CUDA up cannot use it. There each rank imports its modules.
     """
     unknown = [m for m in modules if not _module_exists(m)]
     if unknown:   # the forkserver would skip it silently, and every rank would import it itself
         raise ValueError(f"preload: no module named {', '.join(map(repr, unknown))} in this environment; "
                          "check the spelling (a name as in `import name`)")
+    import torch
+
+    if torch.cuda.device_count():   # NVML's count: it does not set CUDA up in this process
+        modules = ()
     if _forkserver_ready:
         missing = [m for m in _preload_list(modules) if m not in _forkserver_modules]
         if missing:
