@@ -6,7 +6,8 @@ on a Ray cluster.
     results = train.distributed(cfg)           # one return value per rank, in rank order
 
 The modules import one way: this one (the public API, and the dispatch on `cluster`) -> the backends
-`local` (torch elastic, with `local_worker` running in each rank) and `ray` (Ray Train) -> the core they
+`local` (torch elastic, with `local_worker` running in each rank and `forkserver_output` in the
+forkserver the ranks fork from) and `ray` (Ray Train) -> the core they
 share: `options` (the one validator: options and the machine's facts into a plan), `payload` (what
 travels to a rank and how the rank applies it), `errors` (a rank's failure, its root cause, the
 exception the caller gets) and `_compat` (every private torch, Ray or standard-library API used).

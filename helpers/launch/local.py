@@ -97,14 +97,14 @@ def _module_exists(name: str) -> bool:
     return spec is not None
 
 
-def preload(*modules: str) -> list[str]:
+def preload(*modules: str) -> None:
     """Start the launcher's forkserver now, importing `modules` there once; every rank forks from it.
 
     A rank that imports transformers, TRL and DeepSpeed itself spends seconds of every launch on it, each
     rank at once. Called in a notebook's import cell, the server imports them on a free core while the
     notebook goes on (its own imports, its data), and the ranks start with them loaded. HELPERS_PRELOAD
     (comma-separated) adds to the list. The server starts once per process: a later call with other
-    modules cannot add them, and says so. Returns the modules the server imports.
+    modules cannot add them, and says so. (Nothing is returned: the call ends a notebook's import cell.)
 
     On a machine with GPUs it adds nothing to torch: libraries set CUDA up as they load (bitsandbytes, which
     PEFT and TRL import, asks every GPU for its compute capability; Unsloth reads the GPU's properties), and
@@ -125,7 +125,6 @@ def preload(*modules: str) -> list[str]:
                           "will be imported by each rank instead. Call preload(...) before the first "
                           "@distributed (restart the kernel to change it now).", stacklevel=2)
     prepare_forkserver(start_now=multiprocessing.current_process().name == "MainProcess", modules=modules)
-    return list(_forkserver_modules)
 
 
 @contextlib.contextmanager
