@@ -474,17 +474,15 @@ def test_preload_refuses_a_module_that_does_not_exist_before_starting_anything()
 def test_preload_adds_nothing_on_a_machine_with_gpus(monkeypatch):
     """Libraries that set CUDA up as they load (bitsandbytes under PEFT, Unsloth) would leave a forkserver
     whose ranks cannot use the GPU: with GPUs, only torch is pre-loaded and each rank imports the rest."""
-    import torch
-
     from helpers.launch import local
 
     calls = []
     monkeypatch.setattr(local, "_forkserver_ready", False)
     monkeypatch.setattr(local, "_forkserver_modules", ["helpers.launch.local_worker"])
     monkeypatch.setattr(local, "prepare_forkserver", lambda start_now, modules: calls.append(modules))
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(local, "gpu_count", lambda: 2)
     local.preload("peft", "colorsys")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(local, "gpu_count", lambda: 0)
     local.preload("peft", "colorsys")
     assert calls == [(), ("peft", "colorsys")]
 

@@ -35,7 +35,14 @@ import cloudpickle
 
 from helpers.launch import _compat, local_worker
 from helpers.launch.errors import RankExit, RankFailedError, job_failure
-from helpers.launch.options import LOCAL, LaunchOptions, launch_progress_view, plan_launch, plan_threads
+from helpers.launch.options import (
+    LOCAL,
+    LaunchOptions,
+    gpu_count,
+    launch_progress_view,
+    plan_launch,
+    plan_threads,
+)
 from helpers.launch.payload import Payload, serialise_call
 from helpers.progress import watch_progress_dir
 
@@ -114,9 +121,7 @@ def preload(*modules: str) -> None:
     if unknown:   # the forkserver would skip it silently, and every rank would import it itself
         raise ValueError(f"preload: no module named {', '.join(map(repr, unknown))} in this environment; "
                          "check the spelling (a name as in `import name`)")
-    import torch
-
-    if torch.cuda.device_count():   # NVML's count: it does not set CUDA up in this process
+    if gpu_count():   # the launcher's own count: it does not set CUDA up in this process
         modules = ()
     if _forkserver_ready:
         missing = [m for m in _preload_list(modules) if m not in _forkserver_modules]
