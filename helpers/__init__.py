@@ -4,7 +4,7 @@
 `helpers.launch.launch`.
 """
 
-from helpers import _quiet
+from helpers import _quiet, cpus
 from helpers.context import WorkerContext, worker_context
 from helpers.launch import (
     DistributedFunction,
@@ -23,6 +23,7 @@ from helpers.progress import progress_bar
 from helpers.reference import check_against_reference
 
 _quiet.install()
+cpus.fit_torch_threads()   # torch ignores a container's CPU quota; this process's own work would exceed it
 
 __all__ = [
     "DistributedFunction",

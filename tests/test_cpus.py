@@ -94,3 +94,68 @@ def test_bad_thread_setting_fails_before_any_process(monkeypatch):
 
     with pytest.raises(LaunchError, match="HELPERS_THREADS_PER_PROCESS"):
         never.distributed(1)
+
+
+@pytest.fixture
+def torch_threads():
+    """The test may change this process's torch thread count; it is put back."""
+    import torch
+
+    saved = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(saved)
+
+
+def _quota_of_one_cpu(tmp_path, monkeypatch):
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cpu.max").write_text("100000 100000\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    return root
+
+
+def test_the_kernels_torch_threads_are_fitted_to_the_quota(tmp_path, monkeypatch, torch_threads):
+    """torch counts the affinity mask (8 here) and not the quota (1 CPU): import helpers lowers it."""
+    root = _quota_of_one_cpu(tmp_path, monkeypatch)
+    torch_threads.set_num_threads(8)
+    assert cpus.fit_torch_threads(root) == 1
+    assert torch_threads.get_num_threads() == 1
+    assert cpus.fit_torch_threads(root) is None      # already within the quota: nothing to do
+
+
+def test_threads_the_user_set_are_kept(tmp_path, monkeypatch, torch_threads):
+    root = _quota_of_one_cpu(tmp_path, monkeypatch)
+    torch_threads.set_num_threads(3)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpus.fit_torch_threads(root) is None
+    assert torch_threads.get_num_threads() == 3
+
+
+def test_import_helpers_fits_the_threads_in_a_real_quota():
+    """A new interpreter in a real 1-CPU cgroup: torch counts 2+ CPUs; `import helpers` fits it."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs or more")
+    from benchmarks.cpu_quota import join, one_cpu_cgroup
+
+    group = one_cpu_cgroup()
+    if group is None:
+        pytest.skip("cannot make a cgroup here (needs root and a writable cpu controller)")
+    code = ("import torch; before = torch.get_num_threads(); import helpers; "
+            "print(before, torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                             text=True, preexec_fn=lambda: join(group))
+    except subprocess.SubprocessError as error:   # the kernel refused the move (cgroup v2's rules)
+        if "preexec_fn" not in str(error):
+            raise
+        pytest.skip(f"cannot join the cgroup made here: {error}")
+    finally:
+        group.rmdir()
+    before, after = map(int, out.stdout.split())
+    assert before >= 2 and after == 1, f"torch threads {before} before import helpers, {after} after"
