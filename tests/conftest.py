@@ -82,6 +82,9 @@ def bad_sft_inputs(tmp_path) -> BadSftInputs:
     return BadSftInputs(tmp_path / "model", alpaca)
 
 
+NO_FORKSERVER_HEAD_START = "import helpers.launch._compat as _c; _c.start_forkserver = lambda: None; del _c"
+
+
 @pytest.fixture
 def refusals():
     """refusals('05_deepspeed_zero_sft', {"zero_stage": 4}, {...}) -> one Refusal per parameter set.
@@ -112,6 +115,10 @@ def refusals():
                                 extra_arguments=["--IPKernelApp.log_level=ERROR"])
         found: list[Refusal] = []
         with client.setup_kernel():
+            # A refusal launches nothing: the import cell's preload(...) need not start the forkserver (05's
+            # imported DeepSpeed, TRL and transformers there, ~10 s of CPU, beside the other test worker). A
+            # set that did launch would start it then, as multiprocessing does.
+            client.execute_cell(nbformat.v4.new_code_cell(NO_FORKSERVER_HEAD_START), 0)
             for case in cases:
                 injected = translate_parameters(KERNEL_NAME, "python", case, "Injected parameters")
                 cells = [(first, defaults), (first, injected), *code]
