@@ -132,4 +132,3 @@ def fit_torch_threads(root: Path | None = None) -> int | None:
         return None
     torch.set_num_threads(usable)
     return usable
-
