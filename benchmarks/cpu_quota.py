@@ -30,6 +30,7 @@ from benchmarks.nbval_variant_cost import CONV  # noqa: E402
 # CONV with torch's own thread count (or, with "helpers", the one `import helpers` leaves); ms a step
 CONV_OWN_THREADS = CONV.replace("torch.set_num_threads(int(sys.argv[1]))",
                                 "sys.argv[1] == 'helpers' and __import__('helpers')")
+assert CONV_OWN_THREADS != CONV, "nbval_variant_cost.CONV no longer sets its threads the way this replaces"
 
 
 def _env() -> dict[str, str]:
