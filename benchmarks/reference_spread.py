@@ -1,29 +1,41 @@
-"""How far a notebook's results move across machines, and the reference file that tolerates it.
+"""Fit a notebook's reference tolerances, validate them on runs they were not fitted to, and prove they guard.
 
-Runs a notebook at its default parameters under several conditions that change the arithmetic but not
-the lesson, and prints how far each result moved from the native run:
+Every run executes the notebook at its default parameters under a variant that changes the arithmetic or
+the noise of training, but not the lesson:
 
-  native      this machine as it is
-  avx2        kernels capped at AVX2 (ATen, oneDNN and MKL), as on a machine without AVX-512
-  isa         kernels of an older instruction set: ATen without SIMD (ATEN_CPU_CAPABILITY=default),
-              oneDNN capped at SSE4.1 (ONEDNN_MAX_CPU_ISA=SSE41), MKL capped at SSE4.2
-  threads4    4 intra-op threads per CPU rank (HELPERS_THREADS_PER_PROCESS=4) instead of the usual 1
-  seed1 ...   another seed: the noise of training itself (other data, data order and initial weights)
+  native        this machine as it is
+  avx2          kernels capped at AVX2 (ATen, oneDNN and MKL), as on a machine without AVX-512
+  isa           an older instruction set: ATen without SIMD, oneDNN at SSE4.1, MKL at SSE4.2
+  threadsN      N intra-op threads per CPU rank (HELPERS_THREADS_PER_PROCESS) instead of the usual 1
+  seedN         another seed: other data, data order and initial weights
+  a+b           both (e.g. isa+threads4, what nbval gives notebook 01 in `make test`)
 
-With --write, `notebooks/references/<notebook>.json` gets the native run's results as the reference
-values, each with a tolerance taken from the deviations measured (see `tolerances`; for curves, point by
-point), and the measurement itself (every run's values, the machine, the command, the rule) next to them.
+Three modes, each for the notebooks named (01, 02_ddp_retinanet, ...):
 
-    python benchmarks/reference_spread.py 01_ddp_mlp [02 ...] [--variants native,avx2,isa,seed1,seed2]
-        [--arith-factor 4] [--seed-factor 1] [--write] [--keep DIR [--reuse]]
+  --fit V1,V2,...    run the variants, add the runs the reference file already holds (from other machines;
+                     --fresh drops them), and fit: each statistic (a number; a curve's mean and the mean of
+                     its last third) gets the mean of the runs and a tolerance of k standard deviations, k
+                     the Student-t prediction bound at the file's false-alarm rate (helpers.reference.fit);
+                     --report-only names statistics to show but not compare
+  --validate V,...   run variants the file was not fitted on and report, per run, the statistic nearest its
+                     bound and the share of the tolerance it used (exit 1 if any run falls outside)
+  --guard            run the regression named in the file's "guard" (one line of the notebook changed) and
+                     report whether the reference check catches it while the notebook's bars pass
+  --table            print the validation and guard table of the files, running nothing (with --write,
+                     into docs/reference-check.md)
+
+With --write the runs and the fit go into `notebooks/references/<notebook>.json`. --keep DIR keeps the
+executed notebooks (and with --reuse reads a variant's results from there instead of running it again).
+
+    python benchmarks/reference_spread.py 02 --fit native,avx2,seed3,seed4,seed5 --write
+    python benchmarks/reference_spread.py 02 --validate seed6,seed7,threads4 --write
+    python benchmarks/reference_spread.py --table
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import math
 import platform
 import sys
 import tempfile
@@ -35,26 +47,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from helpers._env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
-from helpers.execute import execute_notebook  # noqa: E402
-from helpers.gallery import discover  # noqa: E402
-from helpers.reference import REFERENCES_DIR, measured_values  # noqa: E402
+from helpers.reference import (  # noqa: E402
+    FORMAT,
+    REFERENCES_DIR,
+    fit,
+    judge,
+    measured_values,
+    validation_table,
+)
+
+TABLE_START, TABLE_END = "<!-- reference-table -->", "<!-- /reference-table -->"
 
 ENVIRONMENTS = {
     "native": {},
-    "avx2": ISA_AVX2,
-    "isa": ISA_BASELINE,
-    "threads4": {"HELPERS_THREADS_PER_PROCESS": "4"},
-    "threads1": {"HELPERS_THREADS_PER_PROCESS": "1"},
+    "avx2": dict(ISA_AVX2),
+    "isa": dict(ISA_BASELINE),
 }
 
 
 def variant_setup(name: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """(environment, parameters) of a variant name: native, isa, threads4, threads1, seedN."""
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS[name], {}
-    if name.startswith("seed") and name[4:].isdigit():
-        return {}, {"seed": int(name[4:])}
-    raise SystemExit(f"unknown variant {name!r}: use {', '.join(ENVIRONMENTS)} or seedN")
+    """(environment, parameters) of a variant name: native, avx2, isa, threadsN, seedN, or a+b."""
+    env: dict[str, str] = {}
+    params: dict[str, Any] = {}
+    for part in name.split("+"):
+        if part in ENVIRONMENTS:
+            env.update(ENVIRONMENTS[part])
+        elif part.startswith("threads") and part[7:].isdigit():
+            env["HELPERS_THREADS_PER_PROCESS"] = part[7:]
+        elif part.startswith("seed") and part[4:].isdigit():
+            params["seed"] = int(part[4:])
+        else:
+            raise SystemExit(f"unknown variant {name!r}: use native, avx2, isa, threadsN, seedN or a+b")
+    return env, params
 
 
 def machine() -> str:
@@ -76,18 +100,19 @@ def machine() -> str:
     )
 
 
-def run_variant(notebook: Path, variant: str, out_dir: Path, reuse: bool = False) -> dict[str, Any]:
+def run_variant(
+    notebook: Path, variant: str, out_dir: Path, reuse: bool = False, tag: str = ""
+) -> dict[str, Any]:
+    """Execute `notebook` at its defaults under `variant`, recording its results without comparing them."""
     env, params = variant_setup(variant)
-    out = out_dir / f"{notebook.stem}-{variant}.ipynb"
-    if reuse and out.exists() and measured_values(out):  # an earlier run of this variant, kept with --keep
-        measured = measured_values(out)
-        return {
-            "variant": variant,
-            "seconds": None,
-            "error": None,
-            "measured": measured["measured"],
-            "params": measured["params"],
-        }
+    out = out_dir / f"{notebook.stem}-{variant}{tag}.ipynb"
+    if reuse and out.exists():  # an earlier run of this variant, kept with --keep
+        measured, error = measured_values(out), _recorded_error(out)
+        if measured or error:
+            results = measured["measured"] if measured and not error else None
+            return {"variant": variant, "seconds": None, "error": error, "results": results}
+    from helpers.execute import execute_notebook
+
     start = time.perf_counter()
     error = None
     measuring = {"GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}
@@ -101,174 +126,164 @@ def run_variant(notebook: Path, variant: str, out_dir: Path, reuse: bool = False
         "variant": variant,
         "seconds": round(time.perf_counter() - start, 1),
         "error": error,
-        "measured": (measured or {}).get("measured"),
-        "params": (measured or {}).get("params"),
+        "results": (measured or {}).get("measured") if not error else None,
     }
-
-
-def deviations(value: Any, ref: Any) -> list[float]:
-    """Absolute differences, one per point of a curve (inf where the shapes differ)."""
-    if isinstance(ref, list):
-        if not isinstance(value, list) or len(value) != len(ref):
-            return [math.inf] * len(ref)
-        return [abs(a - b) for a, b in zip(value, ref, strict=True)]
-    return [abs(value - ref)]
-
-
-def round_up(x: float, digits: int = 2) -> float:
-    """Round up to `digits` significant digits, so a tolerance is never below what was measured."""
-    if x <= 0 or not math.isfinite(x):
-        return x
-    exponent = math.floor(math.log10(x)) - digits + 1
-    return math.ceil(x / 10**exponent) * 10**exponent
-
-
-def tolerances(
-    runs: list[dict[str, Any]], arith_factor: float, seed_factor: float
-) -> dict[str, dict[str, Any]]:
-    """Per result (per point of a curve): the larger of two measured spreads, with a floor.
-
-    Arithmetic variants (another instruction set, another thread count) change only the rounding, as another
-    machine does. Capped at a real machine's instruction set they reproduce that machine: on an AVX-512 host,
-    the `avx2` variant of notebook 02 gave the AVX2 host's native results to the last digit (mAP@0.5 0.6245,
-    against 0.7465 native). Where no such variant ran, the ones that did can move results less than another
-    machine's kernels do, hence `arith_factor` (4 by default; 1.5 is enough with `avx2` in the set). Seed
-    variants also change the data, the initial weights and the order: an upper bound of what noise can do,
-    taken once (`seed_factor` 1). The floor, 1% of the value plus 1% of the curve's largest value, keeps a
-    tolerance
-    from being zero where every run agreed to the last digit.
-    """
-    native = next(r for r in runs if r["variant"] == "native")
-    results = {}
-    for name, ref in native["measured"].items():
-        points = ref if isinstance(ref, list) else [ref]
-        scale = max((abs(v) for v in points), default=0.0)
-        per_run = {
-            r["variant"]: deviations(r["measured"][name], ref)
-            for r in runs
-            if r["variant"] != "native" and r["measured"] and name in r["measured"]
-        }
-
-        seeds = [d for v, d in per_run.items() if v.startswith("seed")]
-        arith = [d for v, d in per_run.items() if not v.startswith("seed")]
-        tol = [
-            round_up(
-                max(
-                    arith_factor * max((d[i] for d in arith), default=0.0),
-                    seed_factor * max((d[i] for d in seeds), default=0.0),
-                    0.01 * abs(v) + 0.01 * scale,
-                    1e-9,
-                )
-            )
-            for i, v in enumerate(points)
-        ]
-        results[name] = {
-            "value": ref,
-            "abs": tol if isinstance(ref, list) else tol[0],
-            "largest_deviation": max((max(d, default=0.0) for d in per_run.values()), default=0.0),
-            "deviations": {k: round(max(v, default=0.0), 6) for k, v in per_run.items()},
-        }
-    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("notebooks", nargs="+", help="notebook names or numbers (01, 02_ddp_retinanet, ...)")
-    parser.add_argument("--variants", default="native,isa,threads4,seed1,seed2")
-    parser.add_argument(
-        "--arith-factor",
-        type=float,
-        default=4.0,
-        help="tolerance >= this x the largest deviation of an instruction-set or thread variant",
-    )
-    parser.add_argument(
-        "--seed-factor",
-        type=float,
-        default=1.0,
-        help="tolerance >= this x the largest deviation of a seed variant",
-    )
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="*", help="notebook names or numbers (01, 02_ddp_retinanet, ...)")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--fit", metavar="VARIANTS", help="comma-separated variants to run and fit on")
+    mode.add_argument("--validate", metavar="VARIANTS", help="comma-separated held-out variants")
+    mode.add_argument("--guard", action="store_true", help="run the file's named regression")
+    mode.add_argument("--table", action="store_true", help="print the files' validation table")
+    parser.add_argument("--report-only", metavar="STATISTICS",
+                        help="with --fit: statistics to show but not compare (too wide to guard anything)")
+    parser.add_argument("--fresh", action="store_true", help="with --fit: drop the file's earlier runs")
     parser.add_argument("--write", action="store_true", help="write notebooks/references/<notebook>.json")
     parser.add_argument("--keep", help="keep the executed notebooks in this folder")
-    parser.add_argument(
-        "--reuse",
-        action="store_true",
-        help="with --keep: read a variant's results from a notebook executed there earlier",
-    )
+    parser.add_argument("--reuse", action="store_true", help="with --keep: reuse runs executed there")
     args = parser.parse_args(argv)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if "native" not in variants:
-        raise SystemExit("--variants must include 'native': it is the reference run")
+    from helpers.gallery import discover
+
+    notebooks = discover(args.notebooks or [])
+    if args.table:
+        text, ok = validation_table([nb.stem for nb in notebooks])
+        print(text)
+        if args.write:
+            write_docs_table(text)
+        return 0 if ok else 1
+    variants = [v.strip() for v in (args.fit or args.validate or "").split(",") if v.strip()]
     for v in variants:
         variant_setup(v)  # unknown names fail here, before anything runs
-    notebooks = discover(args.notebooks)
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reference-spread-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     host = machine()
     print(f"machine: {host}", flush=True)
     status = 0
     for notebook in notebooks:
-        runs = []
-        for variant in variants:
-            run = run_variant(notebook, variant, out_dir, reuse=args.reuse)
-            runs.append(run)
-            took = "reused" if run["seconds"] is None else f"{run['seconds']:>6.1f} s"
-            print(
-                f"{notebook.stem} {variant:>9}: {took} {'FAILED ' + run['error'] if run['error'] else ''}",
-                flush=True,
-            )
-        native = (
-            runs[0] if runs[0]["variant"] == "native" else next(r for r in runs if r["variant"] == "native")
-        )
-        if not native["measured"]:
-            print(
-                f"{notebook.stem}: the native run recorded no results ({native['error']}); nothing to write"
-            )
-            status = 1
-            continue
-        results = tolerances(runs, args.arith_factor, args.seed_factor)
-        print(f"\n{notebook.stem}: deviation from the native run, and the tolerance")
-        for name, spec in results.items():
-            shown = "curve" if isinstance(spec["value"], list) else f"{spec['value']:.4g}"
-            devs = ", ".join(f"{k} {v:.3g}" for k, v in spec["deviations"].items())
-            tol = spec["abs"]
-            shown_tol = f"{min(tol):.2g}..{max(tol):.2g}" if isinstance(tol, list) else f"{tol:.3g}"
-            print(f"  {name:<24} {shown:>10}  ±{shown_tol:<12} (largest deviation per run: {devs})")
-        if any(r["error"] for r in runs):
-            status = 1
+        path = REFERENCES_DIR / f"{notebook.stem}.json"
+        reference = json.loads(path.read_text()) if path.is_file() else {}
+        if not args.fit and reference.get("format") != FORMAT:
+            raise SystemExit(f"{path} holds no fit to validate or guard: run --fit first")
+        if args.guard:
+            status |= _guard(notebook, reference, out_dir, host, args)
+        else:
+            runs = []
+            for variant in variants:
+                run = run_variant(notebook, variant, out_dir, reuse=args.reuse)
+                run["machine"] = host
+                runs.append(run)
+                took = "reused" if run["seconds"] is None else f"{run['seconds']:>6.1f} s"
+                failed = f"FAILED {run['error']}" if run["error"] else ""
+                print(f"{notebook.stem} {variant:>14}: {took} {failed}", flush=True)
+                status |= bool(run["error"])
+            if args.fit:
+                rerun = {(host, r["variant"]) for r in runs}  # a variant run again here replaces its old run
+                kept = [r for r in ([] if args.fresh else reference.get("fit", {}).get("runs", []))
+                        if (r["machine"], r["variant"]) not in rerun]
+                runs = kept + runs
+                report_only = (args.report_only.split(",") if args.report_only is not None
+                               else reference.get("fit", {}).get("report_only", []))
+                fitted = fit(runs, report_only=[r for r in report_only if r])
+                params = _parameters(notebook, out_dir, runs, reference)
+                reference = {"notebook": notebook.stem, "format": FORMAT, "parameters": params, **fitted,
+                             "fit": {"report_only": report_only, "runs": runs}, "validation": {"runs": []},
+                             **({"guard": reference["guard"]} if "guard" in reference else {})}
+                _print_fit(notebook.stem, reference)
+            else:
+                for run in runs:
+                    if not run["results"]:
+                        continue
+                    verdict = judge(reference, run["results"])
+                    status |= not verdict["passed"]
+                    print(f"  {run['variant']:>14}: worst {verdict['worst']} at {verdict['share']:.2f} of "
+                          f"its tolerance: {'passes' if verdict['passed'] else 'FAILS'}")
+                rerun = {(host, r["variant"]) for r in runs}
+                held = [r for r in reference.setdefault("validation", {"runs": []})["runs"]
+                        if (r["machine"], r["variant"]) not in rerun]
+                reference["validation"]["runs"] = held + runs
         if args.write:
-            reference = {
-                "notebook": notebook.stem,
-                "parameters": native["params"],
-                "results": {k: {"value": v["value"], "abs": v["abs"]} for k, v in results.items()},
-                "measured": {
-                    "machine": host,
-                    "date": dt.date.today().isoformat(),
-                    "command": f"python benchmarks/reference_spread.py {notebook.stem} "
-                    f"--variants {','.join(variants)} --arith-factor {args.arith_factor:g} "
-                    f"--seed-factor {args.seed_factor:g} --write",
-                    "rule": "abs tolerance (for curves, point by point) = the largest of "
-                    f"{args.arith_factor:g} x the "
-                    "largest deviation from the native run of an instruction-set or thread variant, "
-                    f"{args.seed_factor:g} x that of a seed variant, and 1% of the value plus 1% of the "
-                    "curve's largest value; rounded up to 2 significant digits",
-                    "variants": {
-                        v: {"environment": variant_setup(v)[0], "parameters": variant_setup(v)[1]}
-                        for v in variants
-                    },
-                    "runs": {
-                        r["variant"]: {"seconds": r["seconds"], "error": r["error"], "results": r["measured"]}
-                        for r in runs
-                    },
-                    "largest_deviation": {k: v["largest_deviation"] for k, v in results.items()},
-                },
-            }
             REFERENCES_DIR.mkdir(parents=True, exist_ok=True)
-            path = REFERENCES_DIR / f"{notebook.stem}.json"
             path.write_text(json.dumps(reference, indent=1) + "\n")
             print(f"wrote {path.relative_to(ROOT)}")
     return status
+
+
+def _recorded_error(path: Path) -> str | None:
+    """The error a kept notebook stopped with (papermill stores it as the failing cell's output), if any."""
+    import nbformat
+
+    for cell in nbformat.read(str(path), as_version=4).cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"PapermillExecutionError: {out.get('ename')}: {out.get('evalue', '')[:300]}"
+    return None
+
+
+def write_docs_table(table: str) -> None:
+    """Put the table between the markers of docs/reference-check.md (the test holds the page to the files)."""
+    page = ROOT / "docs" / "reference-check.md"
+    text = page.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    page.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    print(f"wrote the table into {page.relative_to(ROOT)}")
+
+
+def _parameters(notebook: Path, out_dir: Path, runs: list[dict[str, Any]], reference: dict[str, Any]) -> dict:
+    """The default parameters the runs used, as the notebook recorded them (seed as the default's)."""
+    for out in sorted(out_dir.glob(f"{notebook.stem}-*.ipynb")):
+        found = measured_values(out)
+        if found and found.get("params"):
+            from helpers.execute import notebook_parameters
+
+            return {**found["params"], "seed": notebook_parameters(notebook)["seed"]}
+    if reference.get("parameters"):
+        return reference["parameters"]
+    raise SystemExit(f"{notebook.stem}: no run recorded its parameters")
+
+
+def _print_fit(stem: str, reference: dict[str, Any]) -> None:
+    promise = reference["promise"]
+    print(f"\n{stem}: {promise['fit_runs']} runs, k = {promise['k']:.2f} "
+          f"({promise['per_statistic']:.2g} per statistic)")
+    for group in ("compared", "not_compared"):
+        for name, spec in reference[group].items():
+            print(f"  {name:<36} {spec['value']:>10.4g} ± {spec['abs']:<8.3g} (sd {spec['sd']:.3g})"
+                  f"{'' if group == 'compared' else '  (shown, not compared)'}")
+
+
+def _guard(
+    notebook: Path, reference: dict[str, Any], out_dir: Path, host: str, args: argparse.Namespace
+) -> int:
+    """Run the file's named regression; it must pass the notebook's bars and fail the reference check."""
+    import nbformat
+
+    guard = reference.get("guard")
+    if not guard:
+        raise SystemExit(f"{notebook.stem}'s reference file names no regression to guard against ('guard')")
+    nb = nbformat.read(str(notebook), as_version=4)
+    hits = [c for c in nb.cells if c.cell_type == "code" and guard["original"] in c.source]
+    if len(hits) != 1 or hits[0].source.count(guard["original"]) != 1:
+        raise SystemExit(f"{notebook.stem}: the guard's line is not in the notebook exactly once; update it")
+    hits[0].source = hits[0].source.replace(guard["original"], guard["mutated"])
+    folder = Path(tempfile.mkdtemp(prefix="guard-"))
+    mutated = folder / notebook.name
+    nbformat.write(nb, str(mutated))
+    run = run_variant(mutated, "native", out_dir, reuse=args.reuse, tag="-guard")
+    run["machine"] = host
+    if not run["results"]:
+        print(f"{notebook.stem}: {guard['regression']}: the notebook's bars caught it ({run['error']}); "
+              "a guard must be subtler")
+        return 1
+    verdict = judge(reference, run["results"])
+    caught = "NOT caught" if verdict["passed"] else "caught by the reference check"
+    print(f"{notebook.stem}: {guard['regression']}: bars pass; worst {verdict['worst']} at "
+          f"{verdict['share']:.2f} of its tolerance: {caught}")
+    guard["runs"] = [run]
+    return int(verdict["passed"])
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 A check that passes on a working run proves little until it has failed on a broken one. Here each bug is one
 line changed in a copy of the notebook (summing gradients instead of averaging them, skipping the all-reduce,
 forgetting `set_epoch`, a resume that restores nothing), run with papermill at a small size; the test expects
-the notebook to fail with the message of the check that names that bug. The notebooks themselves are never
-changed.
+the notebook to fail with the message of the check that names that bug. Each reference file names one more:
+a subtle regression (a learning rate 3x smaller) that the notebook's bars let through at its defaults and
+its reference check must stop. The notebooks themselves are never changed.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from helpers.execute import execute_notebook
 from helpers.paths import NOTEBOOKS_DIR
+from helpers.reference import REFERENCES_DIR
 
 pytestmark = pytest.mark.notebook
 
@@ -113,6 +116,22 @@ MUTATIONS = [
              "",
              r"weights not restored", dict(epochs=2, train_size=512), slow=True),
 ]
+
+
+
+def _reference_guards() -> list[Mutation]:
+    """Each reference file's named regression, at the default parameters (where the reference is compared):
+    the notebook's bars let it pass, and the reference check must stop it."""
+    guards = []
+    for path in sorted(REFERENCES_DIR.glob("[0-9][0-9]_*.json")):
+        guard = json.loads(path.read_text()).get("guard")
+        if guard:
+            guards.append(Mutation(path.stem, f"reference guard: {guard['regression']}", guard["original"],
+                                   guard["mutated"], r"moved away from its reference runs", {}, slow=True))
+    return guards
+
+
+MUTATIONS += _reference_guards()
 
 
 def _mutated_copy(mutation: Mutation, folder) -> str:

@@ -38,9 +38,12 @@ def test_a_simulated_instruction_set_compiles_into_a_cache_of_its_own():
 
 
 def _measured_variant_names(stem: str) -> set[str]:
+    """The parts (avx2, isa, threads4, ...) of every variant the reference was fitted or validated on."""
     from helpers.reference import load_reference
 
-    return set(load_reference(stem)["measured"]["variants"])
+    ref = load_reference(stem)
+    runs = ref["fit"]["runs"] + ref["validation"]["runs"]
+    return {part for run in runs for part in run["variant"].split("+")}
 
 
 def _required_variant_names(stem: str) -> set[str]:
@@ -53,9 +56,9 @@ def _required_variant_names(stem: str) -> set[str]:
 
 
 def test_nbval_runs_each_notebook_only_under_arithmetic_its_tolerances_were_measured_under():
-    """A notebook's tolerances come from its reference variants (benchmarks/reference_spread.py): nbval may
-    compare it only under an instruction set and thread count among them, or a pass proves nothing measured
-    and a failure is noise, not a regression."""
+    """A notebook's tolerances are fitted and validated on its reference variants
+    (benchmarks/reference_spread.py): nbval may compare it only under an instruction set and thread count
+    among them, or a pass proves nothing measured and a failure is noise, not a regression."""
     from helpers.paths import NOTEBOOKS_DIR
 
     for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
@@ -63,7 +66,7 @@ def test_nbval_runs_each_notebook_only_under_arithmetic_its_tolerances_were_meas
         assert not missing, (
             f"{path.stem}: nbval runs it under {sorted(missing)}, which its reference run did not measure; "
             f"change VARIANTS in tests/nbval_variants.py, or measure them: benchmarks/reference_spread.py "
-            f"{path.stem[:2]} --variants native,{','.join(sorted(missing))},... --write")
+            f"{path.stem[:2]} --validate {'+'.join(sorted(missing))} --write")
 
 
 def test_an_unmeasured_variant_is_caught(monkeypatch):

@@ -1,110 +1,228 @@
-"""The reference check: it passes within tolerance, fails outside it, and prints only what holds anywhere."""
+"""The reference check: its stated false-alarm rate holds, it fails outside tolerance, it prints only what
+holds anywhere, and every notebook's file was validated on held-out runs and guards a named regression."""
 
 import json
+import random
+import re
 
 import pytest
 
 from helpers import reference
-from helpers.reference import compare, load_reference
+from helpers.reference import (
+    FORMAT,
+    MIN_RUNS,
+    compare,
+    fit,
+    judge,
+    load_reference,
+    prediction_factor,
+    round_up,
+    statistics,
+)
+
+PARAMS = {"processes": 2, "device": "cpu", "lr": 0.1}
+
+# Notebooks whose training is the noisiest: five held-out runs each, three for the rest.
+NOISIEST = {"02_ddp_retinanet", "06_ray_train_resnet", "09_axolotl_olmo3"}
 
 
-def _write(tmp_path, **results):
-    ref = {
-        "notebook": "nb",
-        "parameters": {"processes": 2, "device": "cpu", "lr": 0.1},
-        "results": results,
-        "measured": {"runs": {"a": {}, "b": {}, "c": {}}},
-    }
+def _runs(n=8, seed=0, accuracy_sd=0.004, loss_sd=0.02):
+    rng = random.Random(seed)
+    runs = []
+    for i in range(n):
+        shift = rng.gauss(0, loss_sd)
+        runs.append({"variant": f"seed{i}", "machine": "test", "results": {
+            "accuracy": 0.97 + rng.gauss(0, accuracy_sd),
+            "loss": [2.0 + shift, 1.0 + shift, 0.5 + shift, 0.4 + shift, 0.3 + shift, 0.25 + shift]}})
+    return runs
+
+
+def _write(tmp_path, runs=None, **extra):
+    ref = {"notebook": "nb", "format": FORMAT, "parameters": PARAMS, **fit(runs or _runs()), **extra}
     (tmp_path / "nb.json").write_text(json.dumps(ref))
     return tmp_path
 
 
-PARAMS = {"processes": 2, "device": "cpu", "lr": 0.1}
+def test_statistics_judge_a_curve_as_a_whole():
+    got = statistics({"loss": [4.0, 2.0, 1.0, 1.0, 0.5, 0.5], "accuracy": 0.9})
+    assert got == {"loss:mean": 1.5, "loss:last_third": 0.5, "accuracy": 0.9}
+    assert statistics({"c": [3.0, 1.0]}) == {"c:mean": 2.0, "c:last_third": 1.0}
+
+
+def test_fit_states_its_rate_and_tolerances_scale_with_the_spread(tmp_path):
+    fitted = fit(_runs())
+    promise = fitted["promise"]
+    assert promise["statistics"] == 3 and promise["fit_runs"] == 8
+    assert promise["per_statistic"] == pytest.approx(promise["false_alarm_rate"] / 3)
+    assert promise["k"] == pytest.approx(prediction_factor(8, promise["per_statistic"]))
+    assert set(fitted["compared"]) == {"accuracy", "loss:mean", "loss:last_third"}
+    wide = fit(_runs(loss_sd=0.04))["compared"]["loss:mean"]["abs"]
+    assert 1.7 < wide / fitted["compared"]["loss:mean"]["abs"] < 2.3
+    # every run agreeing to the last digit still leaves a floor: another machine may differ
+    same = [{"variant": str(i), "machine": "t", "results": {"accuracy": 1.0}} for i in range(6)]
+    assert fit(same)["compared"]["accuracy"]["abs"] >= 0.005 * prediction_factor(6, 0.001)
+    with pytest.raises(ValueError, match=f"at least {MIN_RUNS}"):
+        fit(_runs(n=MIN_RUNS - 1))
+
+
+def test_the_false_alarm_rate_holds_on_new_draws():
+    """Fit on draws of a normal spread, then judge fresh draws: the rate of false failures is the one stated
+    (here raised to 10% per file so that a few thousand trials measure it)."""
+    rng = random.Random(1)
+    trials, failed = 3000, 0
+    for _ in range(trials):
+        def draw():
+            return {"a": rng.gauss(1.0, 0.05), "b": rng.gauss(0.5, 0.02)}
+        runs = [{"variant": str(i), "machine": "t", "results": draw()} for i in range(6)]
+        ref = fit(runs, notebook_rate=0.1)
+        failed += not judge(ref, draw())["passed"]
+    assert 0.06 < failed / trials < 0.14, failed / trials
 
 
 def test_within_tolerance_passes_and_prints_only_reference_values(tmp_path):
-    refs = _write(
-        tmp_path, accuracy={"value": 0.97, "abs": 0.02}, loss={"value": [2.0, 1.0, 0.5], "abs": 0.1}
-    )
-    a = compare("nb", PARAMS, {"accuracy": 0.958, "loss": [2.05, 0.95, 0.55]}, refs)
-    b = compare("nb", PARAMS, {"accuracy": 0.981, "loss": [1.95, 1.0, 0.45]}, refs)
+    refs = _write(tmp_path)
+    a = compare("nb", PARAMS, {"accuracy": 0.965, "loss": [2.02, 1.02, 0.52, 0.41, 0.31, 0.26]}, refs)
+    b = compare("nb", PARAMS, {"accuracy": 0.975, "loss": [1.98, 0.99, 0.49, 0.4, 0.29, 0.24]}, refs)
     assert a.compared and b.compared
     assert a.text == b.text  # nbval compares this text: it must not depend on the run
-    assert "0.97" in a.text and "3-point curve" in a.text and "3 runs" in a.text, a.text
-    assert a.measured == {"accuracy": 0.958, "loss": [2.05, 0.95, 0.55]}
+    assert "loss, mean of its last third" in a.text and "8 runs" in a.text and "0.001" in a.text, a.text
+    assert a.measured["accuracy"] == 0.965
 
 
 def test_outside_tolerance_fails_with_the_numbers(tmp_path):
-    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02})
-    with pytest.raises(AssertionError, match=r"accuracy: 0.93 is not within ±0.02 of the reference 0.97"):
-        compare("nb", PARAMS, {"accuracy": 0.93}, refs)
+    refs = _write(tmp_path)
+    tol = load_reference("nb", refs)["compared"]["accuracy"]["abs"]
+    with pytest.raises(AssertionError, match=rf"accuracy: 0.5 is not within ±{tol:.3g} of the reference 0.9"):
+        compare("nb", PARAMS, {"accuracy": 0.5, "loss": [2.0, 1.0, 0.5, 0.4, 0.3, 0.25]}, refs)
 
 
 def test_a_curve_that_stopped_learning_fails(tmp_path):
-    refs = _write(tmp_path, loss={"value": [2.3, 1.0, 0.2], "abs": 0.15})
-    with pytest.raises(
-        AssertionError, match="point 3 of the curve is 2.3, not within ±0.15 of the reference 0.2"
-    ):
-        compare("nb", PARAMS, {"loss": [2.3, 2.3, 2.3]}, refs)
-    with pytest.raises(AssertionError, match="a curve of 2 points is not the reference's 3-point curve"):
-        compare("nb", PARAMS, {"loss": [2.3, 1.0]}, refs)
+    refs = _write(tmp_path)
+    with pytest.raises(AssertionError, match=r"loss \(mean of its last third\): 0.5 is not within"):
+        compare("nb", PARAMS, {"accuracy": 0.97, "loss": [2.0, 1.0, 0.5, 0.5, 0.5, 0.5]}, refs)
+    with pytest.raises(AssertionError, match="loss: a curve of 2 points, where the reference run has a"):
+        compare("nb", PARAMS, {"accuracy": 0.97, "loss": [2.3, 1.0]}, refs)
 
 
-def test_per_point_tolerances_are_tight_where_runs_agree(tmp_path):
-    """Late epochs vary less than early ones: a late drift fails even when it is small."""
-    refs = _write(tmp_path, loss={"value": [2.3, 1.0, 0.2], "abs": [0.3, 0.1, 0.02]})
-    assert compare("nb", PARAMS, {"loss": [2.55, 0.92, 0.21]}, refs).compared
-    with pytest.raises(
-        AssertionError, match="point 3 of the curve is 0.25, not within ±0.02 of the reference 0.2"
-    ):
-        compare("nb", PARAMS, {"loss": [2.3, 1.0, 0.25]}, refs)
-    (tmp_path / "nb.json").write_text(
-        json.dumps({"parameters": PARAMS, "results": {"loss": {"value": [1.0, 2.0], "abs": [0.1]}}})
-    )
-    with pytest.raises(ValueError, match="one number per point"):
-        load_reference("nb", tmp_path)
+def test_one_point_off_its_own_spread_does_not_fail_a_curve(tmp_path):
+    """The failure this issue reported: one point of eight a little beyond what a few runs showed there."""
+    refs = _write(tmp_path)
+    assert compare("nb", PARAMS, {"accuracy": 0.97, "loss": [2.0, 0.92, 0.5, 0.4, 0.3, 0.25]}, refs).compared
 
 
 def test_other_parameters_are_not_compared(tmp_path):
-    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02})
+    refs = _write(tmp_path)
     out = compare("nb", dict(PARAMS, lr=0.0), {"accuracy": 0.1}, refs)
     assert not out.compared and "lr=0.1" in out.text
     out = compare("nb", dict(PARAMS, processes=8), {"accuracy": 0.1}, refs)
     assert not out.compared and "processes=2" in out.text
-    # a tuple parameter equals the list JSON stored
-    refs = tmp_path / "t"
-    refs.mkdir()
-    (refs / "nb.json").write_text(
-        json.dumps({"parameters": {"ratios": [1.0]}, "results": {"x": {"value": 1.0, "abs": 0.0}}})
-    )
-    assert compare("nb", {"ratios": (1.0,)}, {"x": 1.0}, refs).compared
+    ref = json.loads((refs / "nb.json").read_text())
+    (refs / "nb.json").write_text(json.dumps(dict(ref, parameters={**PARAMS, "ratios": [1.0]})))
+    good = {"accuracy": 0.97, "loss": [2.0, 1.0, 0.5, 0.4, 0.3, 0.25]}
+    assert compare("nb", dict(PARAMS, ratios=(1.0,)), good, refs).compared  # a tuple equals JSON's list
 
 
 def test_results_must_match_the_reference_names(tmp_path):
-    refs = _write(tmp_path, accuracy={"value": 0.97, "abs": 0.02})
-    with pytest.raises(ValueError, match="reference_spread.py nb --write"):
-        compare("nb", PARAMS, {"accuracy": 0.97, "loss": 1.0}, refs)
+    refs = _write(tmp_path)
+    with pytest.raises(ValueError, match="reference_spread.py nb --fit"):
+        compare("nb", PARAMS, {"accuracy": 0.97, "loss": [1.0] * 6, "extra": 1.0}, refs)
 
 
-def test_missing_or_broken_reference(tmp_path):
+def test_missing_old_or_broken_reference(tmp_path):
     out = compare("nb", PARAMS, {"accuracy": 0.97}, tmp_path)
-    assert not out.compared and "reference_spread.py nb --write" in out.text
-    (tmp_path / "nb.json").write_text(json.dumps({"parameters": {}, "results": {"a": {"value": 1}}}))
-    with pytest.raises(ValueError, match="'abs' tolerance"):
+    assert not out.compared and "reference_spread.py nb --fit" in out.text
+    old = {"parameters": {}, "results": {"a": {"value": 1, "abs": 1}}}
+    (tmp_path / "nb.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="not a format-2 reference file"):
+        load_reference("nb", tmp_path)
+    ref = {"format": FORMAT, "parameters": {}, "results": {"a": {"points": None}},
+           "compared": {"a": {"value": 1.0, "abs": 0}}}
+    (tmp_path / "nb.json").write_text(json.dumps(ref))
+    with pytest.raises(ValueError, match="positive 'abs'"):
         load_reference("nb", tmp_path)
 
 
-def test_every_notebook_has_a_reference_it_checks():
-    """Each notebook calls check_against_reference with its own name, and its reference file exists."""
+def test_round_up_never_narrows():
+    assert round_up(0.01234) == 0.013 and round_up(0.012) == 0.012 and round_up(2.01) == 2.1
+
+
+def _notebook_stems():
+    from helpers.paths import NOTEBOOKS_DIR
+
+    return [p.stem for p in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))]
+
+
+@pytest.mark.parametrize("stem", _notebook_stems())
+def test_every_notebook_checks_a_validated_reference_that_guards(stem):
+    """Each notebook checks its reference; the file was fitted on enough runs, every held-out run (other
+    seeds, instruction sets, thread counts, machines) passes it, and its named regression fails it although
+    the notebook's bars let that run through (it recorded results, which a failing bar prevents)."""
     import nbformat
 
     from helpers.paths import NOTEBOOKS_DIR
 
-    for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
-        cells = nbformat.read(str(path), as_version=4).cells
-        source = "\n".join(c.source for c in cells if c.cell_type == "code")
-        assert f'check_against_reference("{path.stem}"' in source, f"{path.name} does not check its reference"
-        ref = load_reference(path.stem)
-        assert ref["results"], f"{path.stem}'s reference has no results"
-        assert len(ref["measured"]["runs"]) >= 3, f"{path.stem}'s tolerances come from fewer than 3 runs"
-        assert reference.reference_path(path.stem).parent == reference.REFERENCES_DIR
+    cells = nbformat.read(str(NOTEBOOKS_DIR / f"{stem}.ipynb"), as_version=4).cells
+    source = "\n".join(c.source for c in cells if c.cell_type == "code")
+    assert f'check_against_reference("{stem}"' in source, f"{stem} does not check its reference"
+    ref = load_reference(stem)
+    assert reference.reference_path(stem).parent == reference.REFERENCES_DIR
+    assert ref["compared"], f"{stem}'s reference compares nothing"
+    fit_runs = [r for r in ref["fit"]["runs"] if r["results"]]
+    assert len(fit_runs) >= MIN_RUNS and ref["promise"]["fit_runs"] == len(fit_runs)
+    assert len({r["machine"] for r in fit_runs}) >= 2, f"{stem} was fitted on one machine only"
+    refitted = fit(fit_runs, report_only=ref["fit"].get("report_only", []))
+    assert refitted["compared"] == ref["compared"], f"{stem}'s tolerances are not what its runs give: refit"
+    held_out = [r for r in ref["validation"]["runs"] if r["results"]]  # a run a bar stopped has no verdict
+    assert len(held_out) >= (5 if stem in NOISIEST else 3), f"{stem}: too few held-out runs"
+    fitted_on = {(r["machine"], r["variant"]) for r in fit_runs}
+    for run in held_out:
+        assert (run["machine"], run["variant"]) not in fitted_on, f"{stem}: {run['variant']} is not held out"
+        verdict = judge(ref, run["results"])
+        assert verdict["passed"], f"{stem}: held-out {run['variant']} on {run['machine']} fails: {verdict}"
+    guard = ref["guard"]
+    assert guard["regression"] and guard["runs"], f"{stem} names no regression its reference check catches"
+    for run in guard["runs"]:
+        assert run["results"] and not run["error"], f"{stem}: the guard run failed a bar: it is no guard"
+        with pytest.raises(AssertionError, match="moved away from its reference runs"):
+            compare(stem, ref["parameters"], run["results"])
+
+
+def test_a_loosened_reference_lets_the_guard_through(tmp_path, monkeypatch):
+    """The guard test above can fail: with every tolerance widened tenfold, 01's regression passes."""
+    ref = load_reference("01_ddp_mlp")
+    for spec in ref["compared"].values():
+        spec["abs"] *= 10
+    (tmp_path / "01_ddp_mlp.json").write_text(json.dumps(ref))
+    guard_run = ref["guard"]["runs"][0]["results"]
+    assert compare("01_ddp_mlp", ref["parameters"], guard_run, tmp_path).compared
+
+
+def test_the_reported_failure_is_admitted():
+    """The failure that made `make test` red on an AMD EPYC (Zen 4): 02 under its nbval variant there gave
+    0.4799 at point 2 of the box-regression curve. That run is one of 02's held-out runs, and passes."""
+    ref = load_reference("02_ddp_retinanet")
+    observed = [r for r in ref["validation"]["runs"]
+                if "AMD EPYC" in r["machine"] and r["variant"] == "avx2+threads1"]
+    assert observed, "02's validation lacks the AMD EPYC avx2 run"
+    assert round(observed[0]["results"]["bbox_regression_loss"][1], 4) == 0.4799
+    assert judge(ref, observed[0]["results"])["passed"]
+
+
+def test_the_docs_table_is_the_files_table():
+    """docs/reference-check.md shows every held-out and guard run as the files judge them now."""
+    from helpers.paths import ROOT
+    from helpers.reference import validation_table
+
+    page = (ROOT / "docs" / "reference-check.md").read_text()
+    shown = re.search(r"<!-- reference-table -->\n(.*?)\n<!-- /reference-table -->", page, re.S)
+    table, ok = validation_table(_notebook_stems())
+    assert ok, table
+    assert shown and shown.group(1) == table, (
+        "docs/reference-check.md's table is stale: python benchmarks/reference_spread.py --table --write")
+
+
+def test_the_readme_states_the_promise():
+    from helpers.paths import ROOT
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "less than once in a hundred `make test` runs" in text and "docs/reference-check.md" in text
