@@ -87,3 +87,19 @@ def test_the_check_fails_the_old_readme():
         pytest.skip(f"this checkout does not hold commit {OLD_README} (a shallow clone)")
     found = offenders(old)
     assert {m for _, m in found} >= {"2026-12-02", "2026-12-03", "37b902f", "fe3c1d5"}, found
+
+
+def test_make_help_lists_every_target():
+    """Every target the Makefile declares has a `## name: what it does` line, and `make help` prints it."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = set(re.search(r"^\.PHONY:((?:.*\\\n)*.*)$", makefile, re.M)[1].replace("\\\n", " ").split())
+    documented = re.findall(r"^## ([\w-]+): \S", makefile, re.M)
+    assert set(documented) == phony, (
+        f"targets without a '## name:' line: {sorted(phony - set(documented))}; "
+        f"'## name:' lines of no target: {sorted(set(documented) - phony)}")
+    try:
+        printed = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT,
+                                 capture_output=True, text=True, check=True, timeout=60).stdout
+    except FileNotFoundError:
+        pytest.skip("no make on this machine")
+    assert [line.split()[0] for line in printed.splitlines()] == documented, printed
