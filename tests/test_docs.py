@@ -1,4 +1,4 @@
-"""README.md and docs/*.md state what is true now: no dates, no commit ids.
+"""README.md, data/README.md and docs/*.md state what is true now: no dates, no commit ids.
 
 A figure with a date ("on 2026-12-02: 01 23 s ...") or a commit ("a clean clone of 37b902f took 18:04") is a
 measurement of the past, stale the day it is written; history belongs to git, and current figures to what
@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import NOTEBOOKS
 
 ROOT = NOTEBOOKS.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
           r"|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?")
