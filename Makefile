@@ -1,6 +1,7 @@
-# The two commands of the README: `make run` (the gallery) and `make test` (the tests).
-# Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned), with uv
-# (installed into .venv by pip when the machine lacks it), or with pip where uv cannot be had.
+# The two commands of the README: `make run` (the gallery) and `make test` (the tests); `make help` lists every
+# target. Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned), with
+# uv (installed into .venv by pip when the machine lacks it), or with pip where uv cannot be had.
+# A target's `## name: what it does` line is what `make help` prints.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -14,28 +15,29 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
-# Two pytest-xdist workers. Run alone, the tests leave a core idle a quarter of the time (kernel starts,
-# imports, process and Ray start-ups, waits on ranks): on 2 cores the suite took 22:36 in one process and
-# 17:24 in two (2026-12-02). tests/xdist_scopes.py says what may overlap: a file runs on one worker (nbval's
-# cells of a notebook share one kernel: spread over workers, 72 failed), and so do all tests that run
-# Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
+# Two pytest-xdist workers. Run alone, the tests leave a core idle much of the time (kernel starts, imports,
+# process and Ray start-ups, waits on ranks); two already keep two cores busy. tests/xdist_scopes.py says what
+# may overlap: a file runs on one worker (nbval's cells of a notebook share one kernel), and so do all tests
+# that run Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope -p tests.xdist_scopes)
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run test mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl lock \
-	lock-axolotl gpu-check gpu-bundle
+.PHONY: help run test mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl \
+	lock lock-axolotl gpu-check gpu-bundle
 
+## venv: build .venv from requirements.lock (make run and make test do it on first use)
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock tools/build_venv.py
 	$(PYTHON) tools/build_venv.py --venv $(VENV) --lock requirements.lock --editable .
 	touch $(STAMP)
 
-## venv-axolotl: notebook 09's own environment (Axolotl 0.13.2 pins TRL and datasets the gallery has moved past),
-# from envs/axolotl/requirements.lock; axolotl is a source archive whose setup.py imports torch, so it is built
-# without isolation, after the rest. The notebook's ranks run with its interpreter (launch option python=).
+## venv-axolotl: build .venv-axolotl, notebook 09's own environment, from envs/axolotl/requirements.lock
+# Axolotl 0.13.2 pins TRL and datasets the gallery has moved past. axolotl is a source archive whose setup.py
+# imports torch, so it is built without isolation, after the rest. The notebook's ranks run with this
+# environment's interpreter (launch option python=).
 AXOLOTL_VENV := .venv-axolotl
 AXOLOTL_STAMP := $(AXOLOTL_VENV)/.installed
 venv-axolotl: $(AXOLOTL_STAMP)
@@ -65,13 +67,15 @@ test: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
 
-## mutation: the slow half of tests/test_check_mutations.py (each check fails on the bug it names)
+## mutation: the slow tests of tests/test_check_mutations.py (each check fails on the bug it names)
 mutation: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m mutation tests/test_check_mutations.py $(ARGS)
 
+## unit: the tests not marked `notebook` (no nbval, papermill, scale-up or mutation runs)
 unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not notebook" tests $(ARGS)
 
+## nbval: nbval alone: re-execute every stored notebook and compare its outputs
 nbval: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) $(NBVAL) notebooks $(ARGS)
 
@@ -81,6 +85,7 @@ NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 notebooks: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m helpers.execute --store $(NB)
 
+## bench: launch latency, progress-bar overhead and launcher throughput (docs/benchmarks.md: the others)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_latency.py
 	$(BIN)/python benchmarks/progress_overhead.py
@@ -90,18 +95,27 @@ bench: $(STAMP)
 gpu-bundle: $(STAMP)
 	$(BIN)/python tools/gpu_bundle.py
 
-## gpu-check: on the GPU machine (no registry, no .venv): every notebook's GPU path for a few steps, with the
-# machine's own python3 plus the carried gpu-bundle/; report in GPU_OUT (ARGS="--only 05", "--device cpu")
+## gpu-check: on a GPU machine, every notebook's GPU path for a few steps; report in GPU_OUT (docs/gpu.md)
+# No registry, no .venv there: the machine's own python3 plus the carried gpu-bundle/ (ARGS="--only 05",
+# "--device cpu").
 GPU_PYTHON ?= python3
 GPU_OUT ?= runs/gpu-check
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_OUT) $(ARGS)
 
+## lint: ruff over the package, tests, benchmarks, notebooks and tools
 lint: $(STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 
+## clean-venv: remove .venv
 clean-venv:
 	rm -rf $(VENV)
 
+## clean-venv-axolotl: remove .venv-axolotl
 clean-venv-axolotl:
 	rm -rf $(AXOLOTL_VENV)
+
+## help: list the targets, each with what it does
+help:
+	@awk '/^## [a-z-]+: / { name = $$2; sub(/:$$/, "", name); $$1 = $$2 = ""; sub(/^ +/, ""); \
+		printf "  %-20s %s\n", name, $$0 }' $(firstword $(MAKEFILE_LIST))

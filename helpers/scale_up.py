@@ -1,9 +1,10 @@
-"""Each notebook's "scale up" run: the one parameter set that its text, the README and the tests share.
+"""Each notebook's "scale up" run: the one parameter set that its text and the tests share.
 
 The gallery promises that every lesson runs at full size by changing parameters only. That promise is only
-as good as the commands we print, so they are written once, here: the notebooks' "Scaling up" sections and
-the README's gallery table are checked against these sets (tests/test_scale_up.py), and the same test
-executes every notebook with them, on local stand-ins of the real data and with a step cap.
+as good as the commands we print, so they are written once, here: the notebooks' "Scaling up" sections are
+checked against these sets (tests/test_scale_up.py), the README's gallery table links each of those sections
+under the set's `where`, and the same test executes every notebook with them, on local stand-ins of the real
+data and with a step cap.
 
     python -m helpers.scale_up            # every notebook's command, as the notebooks print it
     python -m helpers.scale_up 04         # one notebook's
@@ -21,7 +22,7 @@ from typing import Any
 @dataclass(frozen=True)
 class ScaleUp:
     notebook: str                 # the notebook's stem, e.g. "04_fsdp_transformer"
-    where: str                    # the machine the command is meant for, as the README says it
+    where: str                    # the machine the command is meant for: the README's link text
     parameters: dict[str, Any]    # papermill parameters, in the order they are printed
 
 
@@ -98,7 +99,7 @@ def _quote(args: list[str]) -> list[str]:
 
 
 def inline(notebook: str) -> str:
-    """The parameters alone, on one line: the README table's "scale up" column."""
+    """The parameters alone, on one line, as a user types them after `papermill IN OUT`."""
     return " ".join(_quote(parameter_args(SCALE_UPS[notebook].parameters)))
 
 

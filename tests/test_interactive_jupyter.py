@@ -166,7 +166,7 @@ class KernelChannel:
         self.ws.send(json.dumps({
             "header": {"msg_id": msg_id, "username": "test", "session": self.session,
                        "msg_type": "execute_request", "version": "5.3",
-                       "date": dt.datetime.now(dt.timezone.utc).isoformat()},
+                       "date": dt.datetime.now(dt.UTC).isoformat()},
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},

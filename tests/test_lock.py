@@ -5,10 +5,10 @@ lock-constraints.txt); these checks fail when someone edits one without the othe
 """
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

@@ -1,8 +1,9 @@
 """Every notebook's "scale up" command, checked where it is printed and executed on real-shaped stand-ins.
 
 `helpers.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the notebooks'
-"Scaling up" sections and the README's gallery table print exactly those sets, read back the way papermill
-reads a command line (so a list passed with `-p` as a string, say, is caught). The others execute each
+"Scaling up" sections print exactly those sets, read back the way papermill reads a command line (so a list
+passed with `-p` as a string, say, is caught), and that the README's gallery table links each notebook's
+"Scaling up" section, naming the machine the set is meant for. The others execute each
 notebook with its set, on CPU, with these differences only, each named in `RUNS` with its reason:
 
 * stand-ins for what cannot be downloaded or reached here: data folders (COCO 640 x 480 JPEGs, a MovieLens
@@ -46,14 +47,28 @@ def _scaling_up_command(stem: str) -> str:
 
 def _readme_scale_up_cell(stem: str) -> str:
     """The "scale up" column of the notebook's row in the README's gallery table."""
-    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+    text = (ROOT / "README.md").read_text()
+    assert text.count("<!-- gallery-table -->") == 1 and text.count("<!-- /gallery-table -->") == 1, (
+        "README: the gallery table lies between one <!-- gallery-table --> and one <!-- /gallery-table -->")
+    table = text.split("<!-- gallery-table -->")[1].split("<!-- /gallery-table -->")[0]
+    rows = [line for line in table.splitlines()
             if line.startswith("| [") and f"(notebooks/{stem}.ipynb)" in line]
     assert len(rows) == 1, f"README: expected one gallery-table row for {stem}, found {len(rows)}"
     return rows[0].rstrip(" |").rsplit(" | ", 1)[1]
 
 
+def _heading_anchors(stem: str) -> dict[str, str]:
+    """Every heading of the notebook's markdown, by the anchor Jupyter gives it (JupyterLab, nbconvert and
+    nbviewer: the heading's text with spaces turned into hyphens)."""
+    nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
+    prose = [re.sub(r"^```.*?^```", "", "".join(c["source"]), flags=re.M | re.S)   # not a shell comment
+             for c in nb["cells"] if c["cell_type"] == "markdown"]
+    headings = [m[1].strip() for text in prose for m in re.finditer(r"^#{1,6} +(.+)$", text, re.M)]
+    return {heading.replace(" ", "-"): heading for heading in headings}
+
+
 @pytest.mark.parametrize("stem", sorted(SCALE_UPS))
-def test_notebook_and_readme_print_the_scale_up_set(stem):
+def test_notebook_prints_the_scale_up_set(stem):
     expected = SCALE_UPS[stem].parameters
     declared = notebook_parameters(NOTEBOOKS / f"{stem}.ipynb")
     assert not set(expected) - set(declared), f"{stem} declares no {sorted(set(expected) - set(declared))}"
@@ -61,9 +76,21 @@ def test_notebook_and_readme_print_the_scale_up_set(stem):
     assert parse_parameters(_scaling_up_command(stem)) == expected, (
         f"{stem}'s 'Scaling up' command differs from helpers.scale_up; print it with "
         f"`python -m helpers.scale_up {stem[:2]}` and paste it")
+
+
+@pytest.mark.parametrize("stem", sorted(SCALE_UPS))
+def test_readme_links_the_scaling_up_section(stem):
+    """The README's row names where the run is meant for and links the section that holds the command."""
     cell = _readme_scale_up_cell(stem)
-    assert f"`{inline(stem)}`" in cell and SCALE_UPS[stem].where in cell, (
-        f"README's scale-up column for {stem} should read: `{inline(stem)}` {SCALE_UPS[stem].where}")
+    links = re.findall(r"\[([^\]]+)\]\(([^)#\s]+)#([^)\s]+)\)", cell)
+    assert len(links) == 1, f"README's scale-up column for {stem} should link a notebook section: {cell}"
+    text, target, anchor = links[0]
+    assert target == f"notebooks/{stem}.ipynb", f"README's scale-up link for {stem} goes to {target}"
+    anchors = _heading_anchors(stem)
+    assert anchor in anchors, f"{stem} has no heading with the anchor #{anchor}; it has {sorted(anchors)}"
+    assert anchors[anchor] == "Scaling up", f"README's scale-up link for {stem} goes to '{anchors[anchor]}'"
+    where = SCALE_UPS[stem].where
+    assert text == where, f"README's scale-up for {stem}: [{where}](notebooks/{stem}.ipynb#{anchor})"
 
 
 def test_a_drifted_command_is_caught():
