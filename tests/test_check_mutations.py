@@ -125,7 +125,7 @@ def _reference_guards() -> list[Mutation]:
     guards = []
     for path in sorted(REFERENCES_DIR.glob("[0-9][0-9]_*.json")):
         guard = json.loads(path.read_text()).get("guard")
-        if guard:
+        if guard and not guard.get("too_wide"):  # too wide: the file says the check cannot catch it
             guards.append(Mutation(path.stem, f"reference guard: {guard['regression']}", guard["original"],
                                    guard["mutated"], r"moved away from its reference runs", {}, slow=True))
     return guards

@@ -29,7 +29,7 @@ def test_one_process_on_a_user_csv(run_notebook, tmp_path):
     assert "train (800, 64), test (200, 64), 10 classes" in out
     assert metrics["processes"] == 1
     assert metrics["test_accuracy"] >= 0.95
-    assert metrics["parity_max_abs_diff"] < 1e-5
+    assert metrics["parity_max_abs_diff"] < 1e-3
     assert "[rank0] rank 0/1 on cpu" in out  # the rank's own line reached the cell, prefixed
 
 
