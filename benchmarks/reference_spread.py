@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                              **({"guard": reference["guard"]} if "guard" in reference else {})}
                 _print_fit(notebook.stem, reference)
             else:
+                rerun = {(host, r["variant"]) for r in runs}  # a variant run again here replaces its old run
                 repeats = [r for r in runs if _repeats_a_fit_run(reference, r)]
                 for run in repeats:  # the same arithmetic as a fitting run (another session, same CPU type)
                     print(f"  {run['variant']:>14}: not held out: it repeats a fitting run to the last digit")
@@ -206,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
                     status |= not verdict["passed"]
                     print(f"  {run['variant']:>14}: worst {verdict['worst']} at {verdict['share']:.2f} of "
                           f"its tolerance: {'passes' if verdict['passed'] else 'FAILS'}")
-                rerun = {(host, r["variant"]) for r in runs}
                 held = [r for r in reference.setdefault("validation", {"runs": []})["runs"]
                         if (r["machine"], r["variant"]) not in rerun]
                 reference["validation"]["runs"] = held + runs

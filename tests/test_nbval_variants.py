@@ -75,4 +75,4 @@ def test_an_unmeasured_variant_is_caught(monkeypatch):
     monkeypatch.setitem(nbval_variants.VARIANTS, 5, (nbval_variants.ISA_AVX2, 16))
     stem = "05_deepspeed_zero_sft"
     assert _required_variant_names(stem) == {"avx2", "threads16"}
-    assert _required_variant_names(stem) - _measured_variant_names(stem) == {"threads16"}
+    assert "threads16" in _required_variant_names(stem) - _measured_variant_names(stem)
