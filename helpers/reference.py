@@ -167,17 +167,16 @@ def describe(reference: Mapping[str, Any], notebook: str) -> str:
     header = f"Compared with the reference runs (notebooks/references/{notebook}.json"
     if rate is not None and runs is not None:
         header += (f"; a healthy run falls outside one of the tolerances below with probability under "
-                   f"{rate:.2g}, fitted on {runs} runs across machines, instruction sets, thread counts and "
-                   f"seeds")
+                   f"{rate:.2g}, fitted on {runs} runs: seeds, instruction sets, thread counts, CPUs")
     lines = [header + "):"]
     for name, spec in compared.items():
         result, _, summary = name.partition(":")
         what = f"{result}, {SUMMARIES[summary or 'value']}" if summary else result
-        lines.append(f"  {what:<40} {spec['value']:>10.4g} ± {spec['abs']:.3g}")
+        lines.append(f"  {what:<46} {spec['value']:>8.4g} ± {spec['abs']:.3g}")
     reported = reference.get("not_compared", {})
     if reported:
-        lines.append("  not compared (their spread across runs is wider than any regression the bars let "
-                     "through): " + ", ".join(reported))
+        lines.append("  shown in the file, not compared (their tolerance reaches past the notebook's own bar): "
+                     + ", ".join(reported))
     return "\n".join(lines)
 
 
