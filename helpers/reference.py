@@ -175,8 +175,8 @@ def describe(reference: Mapping[str, Any], notebook: str) -> str:
         lines.append(f"  {what:<46} {spec['value']:>8.4g} ± {spec['abs']:.3g}")
     reported = reference.get("not_compared", {})
     if reported:
-        lines.append("  shown in the file, not compared (their tolerance reaches past the notebook's own bar): "
-                     + ", ".join(reported))
+        lines.append("  shown in the file, not compared (their tolerance reaches past the notebook's own "
+                     "bar): " + ", ".join(reported))
     return "\n".join(lines)
 
 

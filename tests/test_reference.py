@@ -213,7 +213,7 @@ def test_the_reported_failure_is_admitted():
     assert observed, "02's validation lacks the AMD EPYC avx2 run"
     point = observed[0]["results"]["bbox_regression_loss"][1]
     assert round(point, 4) == 0.4799
-    # the point-by-point rule it failed: the old reference's 0.4945 ± 0.011 at that point (the issue's numbers)
+    # the point-by-point rule it failed: the old reference's 0.4945 ± 0.011 there (the issue's numbers)
     assert abs(point - 0.4945) > 0.011
     assert judge(ref, observed[0]["results"])["passed"]
 
