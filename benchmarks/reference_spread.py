@@ -53,7 +53,7 @@ from helpers.reference import (  # noqa: E402
     fit,
     judge,
     measured_values,
-    statistics,
+    repeats_a_fitting_run,
     validation_table,
 )
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 _print_fit(notebook.stem, reference)
             else:
                 rerun = {(host, r["variant"]) for r in runs}  # a variant run again here replaces its old run
-                repeats = [r for r in runs if _repeats_a_fit_run(reference, r)]
+                repeats = [r for r in runs if repeats_a_fitting_run(reference, r)]
                 for run in repeats:  # the same arithmetic as a fitting run (another session, same CPU type)
                     print(f"  {run['variant']:>14}: not held out: it repeats a fitting run to the last digit")
                 runs = [r for r in runs if r not in repeats]
@@ -215,19 +215,6 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(json.dumps(reference, indent=1) + "\n")
             print(f"wrote {path.relative_to(ROOT)}")
     return status
-
-
-def _repeats_a_fit_run(reference: dict[str, Any], run: dict[str, Any]) -> bool:
-    """Whether `run` gave exactly the results of a fitting run: then it is no test of the fit."""
-    if not run.get("results"):
-        return False
-    mine = statistics(run["results"])
-    for fitted in reference.get("fit", {}).get("runs", []):
-        if fitted.get("results"):
-            theirs = statistics(fitted["results"])
-            if theirs.keys() == mine.keys() and all(abs(theirs[k] - mine[k]) < 1e-9 for k in mine):
-                return True
-    return False
 
 
 def _recorded_error(path: Path) -> str | None:

@@ -327,6 +327,20 @@ def judge(reference: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
     return {"worst": worst, "share": round(shares[worst], 3), "passed": shares[worst] <= 1}
 
 
+def repeats_a_fitting_run(reference: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
+    """Whether `run` gave exactly the results of one of the fitting runs (the same CPU type and variant in
+    another session does): such a run tests nothing about the fit and is not a held-out run."""
+    if not run.get("results"):
+        return False
+    mine = statistics(run["results"])
+    for fitted in reference.get("fit", {}).get("runs", []):
+        if fitted.get("results"):
+            theirs = statistics(fitted["results"])
+            if theirs.keys() == mine.keys() and all(abs(theirs[k] - mine[k]) < 1e-9 for k in mine):
+                return True
+    return False
+
+
 def _short_machine(machine: str) -> str:
     return machine.split(",")[0].replace("(R)", "").replace(" Processor", "").strip()
 
