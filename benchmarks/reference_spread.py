@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 report_only = (args.report_only.split(",") if args.report_only is not None
                                else reference.get("fit", {}).get("report_only", []))
                 fitted = fit(runs, report_only=[r for r in report_only if r])
-                params = _parameters(notebook, out_dir, runs, reference)
+                params = _parameters(notebook, out_dir, reference)
                 reference = {"notebook": notebook.stem, "format": FORMAT, "parameters": params, **fitted,
                              "fit": {"report_only": report_only, "runs": runs}, "validation": {"runs": []},
                              **({"guard": reference["guard"]} if "guard" in reference else {})}
@@ -237,7 +237,7 @@ def write_docs_table(table: str) -> None:
     print(f"wrote the table into {page.relative_to(ROOT)}")
 
 
-def _parameters(notebook: Path, out_dir: Path, runs: list[dict[str, Any]], reference: dict[str, Any]) -> dict:
+def _parameters(notebook: Path, out_dir: Path, reference: dict[str, Any]) -> dict:
     """The default parameters the runs used, as the notebook recorded them (seed as the default's)."""
     for out in sorted(out_dir.glob(f"{notebook.stem}-*.ipynb")):
         found = measured_values(out)

@@ -152,9 +152,9 @@ def deviations(reference: Mapping[str, Any], measured: Mapping[str, Any]) -> dic
     another length than the reference's is not the same run at all (inf).
     """
     shapes = reference["results"]
-    stats = statistics({k: v for k, v in measured.items() if _shape(v) == shapes.get(k, {}).get("points")})
+    values = statistics({k: v for k, v in measured.items() if _shape(v) == shapes.get(k, {}).get("points")})
     return {
-        name: (abs(stats[name] - spec["value"]) / spec["abs"]) if name in stats else math.inf
+        name: (abs(values[name] - spec["value"]) / spec["abs"]) if name in values else math.inf
         for name, spec in reference["compared"].items()
     }
 
@@ -263,16 +263,16 @@ def fit(runs: list[dict[str, Any]], notebook_rate: float | None = None,
     """The reference file's "results", "compared", "not_compared" and "promise" from the fitting runs.
 
     `report_only` names statistics to keep out of the comparison (they are fitted and shown, not
-    compared): those whose spread across runs is too wide for any regression the bars miss.
+    compared): those whose tolerance reaches past the notebook's own bar, so they guard nothing more.
     """
     good = [r for r in runs if r.get("results")]
     if len(good) < MIN_RUNS:
         raise ValueError(f"{len(good)} runs with results; a fit needs at least {MIN_RUNS}")
     notebook_rate = notebook_rate or SUITE_FALSE_ALARM_RATE / REFERENCE_NOTEBOOKS
     first = good[0]["results"]
-    shapes = {name: {"points": len(v) if isinstance(v, list) else None} for name, v in first.items()}
+    shapes = {name: {"points": _shape(v)} for name, v in first.items()}
     for r in good:
-        got = {name: len(v) if isinstance(v, list) else None for name, v in r["results"].items()}
+        got = {name: _shape(v) for name, v in r["results"].items()}
         if got != {name: s["points"] for name, s in shapes.items()}:
             raise ValueError(
                 f"run {r['variant']} on {r.get('machine')} has other results than the first: {got}")
