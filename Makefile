@@ -7,20 +7,20 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# nbval compares under another instruction set and thread count than the stored run's (tests/nbval_variants.py)
+# nbval compares under another instruction set and thread count than the stored run's (tests/plugins/nbval_variants.py)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 \
-	-p tests.nbval_variants
+	-p tests.plugins.nbval_variants
 # On a GPU machine the regression suite still runs on CPU, the reference path the stored outputs come from
 # (the GPU path has its own check); TEST_DEVICE=gpu runs the tests on the GPUs instead.
 TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
 # Two pytest-xdist workers. Run alone, the tests leave a core idle much of the time (kernel starts, imports,
-# process and Ray start-ups, waits on ranks); two already keep two cores busy. tests/xdist_scopes.py says what
+# process and Ray start-ups, waits on ranks); two already keep two cores busy. tests/plugins/xdist_scopes.py says what
 # may overlap: a file runs on one worker (nbval's cells of a notebook share one kernel), and so do all tests
 # that run Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope -p tests.xdist_scopes)
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope -p tests.plugins.xdist_scopes)
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -83,7 +83,7 @@ nbval: $(STAMP) $(AXOLOTL_STAMP)
 # Stored outputs are the CPU reference path, whatever the machine has.
 NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 notebooks: $(STAMP) $(AXOLOTL_STAMP)
-	$(TEST_ENV) $(BIN)/python -m helpers.execute --store $(NB)
+	$(TEST_ENV) $(BIN)/python -m helpers.gallery.execute --store $(NB)
 
 ## bench: launch latency, progress-bar overhead and launcher throughput (docs/benchmarks.md: the others)
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""What each nbval variant (tests/nbval_variants.py) costs on this machine, per training step.
+"""What each nbval variant (tests/plugins/nbval_variants.py) costs on this machine, per training step.
 
 nbval runs every notebook once, under an instruction set and a thread count that did not store its
 outputs. Both change the speed a lot on a small machine; this prints by how much, so the variants can be
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers._env import ISA_AVX2, ISA_BASELINE  # noqa: E402
+from helpers.env import ISA_AVX2, ISA_BASELINE  # noqa: E402
 
 ISAS = {"native": {}, "AVX2": ISA_AVX2, "baseline": ISA_BASELINE}
 

@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helpers._env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
+from helpers.env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
 from helpers.reference import (  # noqa: E402
     FORMAT,
     REFERENCES_DIR,
@@ -83,22 +83,9 @@ def variant_setup(name: str) -> tuple[dict[str, str], dict[str, Any]]:
 
 
 def machine() -> str:
-    import torch
+    from helpers.host import describe_host
 
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from helpers.cpus import usable_cpus
-
-    return (
-        f"{cpu}, {usable_cpus()} CPUs, native ATen capability {torch.backends.cpu.get_cpu_capability()}, "
-        f"torch {torch.__version__}"
-    )
+    return describe_host()
 
 
 def run_variant(
@@ -112,7 +99,7 @@ def run_variant(
         if measured or error:
             results = measured["measured"] if measured and not error else None
             return {"variant": variant, "seconds": None, "error": error, "results": results}
-    from helpers.execute import execute_notebook
+    from helpers.gallery.execute import execute_notebook
 
     start = time.perf_counter()
     error = None
@@ -147,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="keep the executed notebooks in this folder")
     parser.add_argument("--reuse", action="store_true", help="with --keep: reuse runs executed there")
     args = parser.parse_args(argv)
-    from helpers.gallery import discover
+    from helpers.gallery.runner import discover
 
     notebooks = discover(args.notebooks or [])
     if args.table:
@@ -242,7 +229,7 @@ def _parameters(notebook: Path, out_dir: Path, reference: dict[str, Any]) -> dic
     for out in sorted(out_dir.glob(f"{notebook.stem}-*.ipynb")):
         found = measured_values(out)
         if found and found.get("params"):
-            from helpers.execute import notebook_parameters
+            from helpers.gallery.execute import notebook_parameters
 
             return {**found["params"], "seed": notebook_parameters(notebook)["seed"]}
     if reference.get("parameters"):

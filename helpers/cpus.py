@@ -119,9 +119,9 @@ def fit_torch_threads(root: Path | None = None) -> int | None:
 
     torch counts the CPUs of the affinity mask and ignores the container's CFS quota, so a notebook kernel in
     a container limited to 1 CPU on a 2-CPU host runs its own torch work (scoring, data building) on 2
-    threads: a conv-net step took 162 ms instead of 70 (benchmarks/cpu_quota.py). The ranks get their count
-    from the launcher; `import helpers` calls this for the process that imports it. A count set through
-    OMP_NUM_THREADS or MKL_NUM_THREADS, or one already within the quota, is left alone.
+    threads, each slower than one thread per CPU (benchmarks/cpu_quota.py measures it). The ranks get their
+    count from the launcher; importing the launcher (`helpers.launch`) calls this for the process that imports
+    it. A count set through OMP_NUM_THREADS or MKL_NUM_THREADS, or one within the quota, is left alone.
     """
     if os.environ.get("OMP_NUM_THREADS", "").strip() or os.environ.get("MKL_NUM_THREADS", "").strip():
         return None

@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any
 
+from helpers.display import show_text
+
 METADATA_KEY = "distributed_gallery"
 
 
@@ -34,21 +36,13 @@ def _json_safe(value: Any) -> Any:
 
 
 def _host() -> dict[str, Any]:
-    """The driver's devices, for the report's host column (torch is only asked if already imported)."""
-    import sys
+    """The machine the notebook ran on, for the report's host column and the benchmark page's notebook times
+    (torch is only asked if the kernel has imported it; the host name is left out of stored notebooks)."""
+    from helpers.host import host_info
 
-    from helpers.cpus import usable_cpus
-
-    host: dict[str, Any] = {"cpus": usable_cpus(), "gpus": 0, "gpu_name": None}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                host["gpus"] = torch.cuda.device_count()
-                host["gpu_name"] = torch.cuda.get_device_name(0)
-        except Exception:
-            pass
-    return host
+    info = host_info(import_torch=False)
+    info.pop("hostname")
+    return info
 
 
 def _save_figure(figure: Any, run_dir: str, notebook: str) -> str | None:
@@ -105,16 +99,7 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
             meta["tracking"] = info
     text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}"
                      for k, v in plain.items())
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is not None:
-            display({"text/plain": text}, raw=True, metadata={METADATA_KEY: meta})
-            return plain
-    except ImportError:
-        pass
-    print(json.dumps(plain))
+    show_text(text, {METADATA_KEY: meta}, printed=json.dumps(plain))
     return plain
 
 

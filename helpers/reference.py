@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers.display import show_text
 from helpers.paths import ROOT
 
 REFERENCES_DIR = ROOT / "notebooks" / "references"
@@ -405,28 +406,5 @@ def check_against_reference(notebook: str, params: Mapping[str, Any], **results:
             "params": {k: _json_value(v) for k, v in params.items()},
         }
     }
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if get_ipython() is not None:
-            display({"text/plain": outcome.text}, raw=True, metadata=meta)
-            return outcome
-    except ImportError:
-        pass
-    print(outcome.text)
+    show_text(outcome.text, meta)
     return outcome
-
-
-def measured_values(nb: Any) -> dict[str, Any] | None:
-    """What `check_against_reference` measured in an executed notebook (None if it did not run)."""
-    import nbformat
-
-    if not isinstance(nb, nbformat.NotebookNode):
-        nb = nbformat.read(str(nb), as_version=4)
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            found = out.get("metadata", {}).get(METADATA_KEY)
-            if found:
-                return found
-    return None

@@ -21,7 +21,6 @@ The MLflow client API is used rather than `mlflow.start_run()`, so the user's ow
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import platform
@@ -33,6 +32,9 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from helpers.env import env_flag
+from helpers.logs import quieted
 
 ENV_URI = "GALLERY_TRACKING_URI"
 ENV_SWITCH = "GALLERY_TRACKING"
@@ -52,7 +54,7 @@ class TrackingWarning(UserWarning):
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "on").strip().lower() not in {"0", "off", "false", "no"}
+    return bool(env_flag(ENV_SWITCH, default=True))
 
 
 def default_tracking_uri() -> str:
@@ -84,17 +86,9 @@ def _sqlite_path(uri: str) -> Path | None:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Keep MLflow's and alembic's INFO lines and warnings out of the notebook's output."""
-    loggers = [logging.getLogger(n) for n in ("mlflow", "alembic", "sqlalchemy", "urllib3")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    with quieted(("mlflow", "alembic", "sqlalchemy", "urllib3")), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _import_mlflow():

@@ -9,7 +9,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from helpers.execute import execute_notebook, read_metrics
+from helpers.gallery.execute import execute_notebook, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -98,7 +98,7 @@ def refusals():
     from nbclient import NotebookClient
     from papermill.translators import translate_parameters
 
-    from helpers.execute import KERNEL_NAME, check_parameters
+    from helpers.gallery.execute import KERNEL_NAME, check_parameters
 
     def run(stem: str | Path, *cases: dict[str, Any]) -> list[Refusal]:
         path = stem if isinstance(stem, Path) else notebook_path(stem)

@@ -17,7 +17,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from helpers.execute import execute_notebook
+from helpers.gallery.execute import execute_notebook
 from helpers.paths import NOTEBOOKS_DIR
 from helpers.reference import REFERENCES_DIR
 

@@ -1,4 +1,4 @@
-"""The SFT data builder (helpers.data.sft_tasks) and the offline chat tokenizer (helpers.tokenizers)."""
+"""The SFT data builder (helpers.data.sft_tasks) and the offline chat tokenizer (helpers.models.char_tokenizer)."""
 
 import json
 
@@ -92,7 +92,7 @@ def test_validation_missing_or_empty_file(tmp_path):
 def test_char_tokenizer_round_trip_and_assistant_mask(tmp_path):
     from transformers import AutoTokenizer
 
-    from helpers.tokenizers import build_char_tokenizer
+    from helpers.models.char_tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     tok.save_pretrained(tmp_path)

@@ -1,4 +1,4 @@
-"""`make notebooks` (helpers.execute --store): a failed run leaves the stored notebook as it was and keeps
+"""`make notebooks` (helpers.gallery.execute --store): a failed run leaves the stored notebook as it was and keeps
 the executed copy, whose outputs say why."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers import execute
+from helpers.gallery import execute
 
 pytestmark = pytest.mark.notebook
 

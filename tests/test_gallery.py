@@ -19,9 +19,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from helpers import gallery, tracking
-from helpers._env import temporary_environ
-from helpers.gallery_errors import USAGE_ERROR, GalleryError
+from helpers import tracking
+from helpers.gallery import runner as gallery
+from helpers.env import temporary_environ
+from helpers.gallery.errors import USAGE_ERROR, GalleryError
 
 OK_CODE = """import matplotlib
 matplotlib.use("agg")

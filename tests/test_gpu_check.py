@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.execute import notebook_parameters
+from helpers.gallery.execute import notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 

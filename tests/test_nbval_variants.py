@@ -1,9 +1,9 @@
-"""The environments nbval's variants give the notebooks' kernels (tests/nbval_variants.py)."""
+"""The environments nbval's variants give the notebooks' kernels (tests/plugins/nbval_variants.py)."""
 
 import os
 
-from helpers._env import with_own_inductor_cache
-from tests.nbval_variants import COMPILES, VARIANTS, variant_for
+from helpers.env import with_own_inductor_cache
+from tests.plugins.nbval_variants import COMPILES, VARIANTS, variant_for
 
 
 def test_every_notebook_runs_under_another_instruction_set_and_thread_count():
@@ -65,12 +65,12 @@ def test_nbval_runs_each_notebook_only_under_arithmetic_its_tolerances_were_meas
         missing = _required_variant_names(path.stem) - _measured_variant_names(path.stem)
         assert not missing, (
             f"{path.stem}: nbval runs it under {sorted(missing)}, which its reference run did not measure; "
-            f"change VARIANTS in tests/nbval_variants.py, or measure them: benchmarks/reference_spread.py "
+            f"change VARIANTS in tests/plugins/nbval_variants.py, or measure them: benchmarks/reference_spread.py "
             f"{path.stem[:2]} --validate {'+'.join(sorted(missing))} --write")
 
 
 def test_an_unmeasured_variant_is_caught(monkeypatch):
-    import tests.nbval_variants as nbval_variants
+    import tests.plugins.nbval_variants as nbval_variants
 
     monkeypatch.setitem(nbval_variants.VARIANTS, 5, (nbval_variants.ISA_AVX2, 16))
     stem = "05_deepspeed_zero_sft"

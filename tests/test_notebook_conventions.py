@@ -5,7 +5,7 @@ import logging
 import nbformat
 import pytest
 
-from helpers.execute import notebook_parameters
+from helpers.gallery.execute import notebook_parameters
 from helpers.paths import NOTEBOOKS_DIR
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))

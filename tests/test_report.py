@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import compare, gallery, report
-from helpers.gallery_errors import USAGE_ERROR, GalleryError
+from helpers.gallery import compare, report
+from helpers.gallery import runner as gallery
+from helpers.gallery.errors import USAGE_ERROR, GalleryError
 from tests.test_gallery import synthetic_run  # noqa: F401  (the shared session fixture)
 
 # --- compare (no kernel) ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Every notebook's "scale up" command, checked where it is printed and executed on real-shaped stand-ins.
 
-`helpers.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the notebooks'
+`helpers.gallery.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the notebooks'
 "Scaling up" sections print exactly those sets, read back the way papermill reads a command line (so a list
 passed with `-p` as a string, say, is caught), and that the README's gallery table links each notebook's
 "Scaling up" section, naming the machine the set is meant for. The others execute each
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from helpers.execute import notebook_parameters, record_metadata
-from helpers.scale_up import SCALE_UPS, cli_parameters, inline, parse_parameters
+from helpers.gallery.execute import notebook_parameters, record_metadata
+from helpers.gallery.scale_up import SCALE_UPS, cli_parameters, inline, parse_parameters
 from tests.conftest import NOTEBOOKS, display_text, stream_text
 
 ROOT = NOTEBOOKS.parent
@@ -74,8 +74,8 @@ def test_notebook_prints_the_scale_up_set(stem):
     assert not set(expected) - set(declared), f"{stem} declares no {sorted(set(expected) - set(declared))}"
     assert cli_parameters(stem) == expected, "the printed command does not give the notebook these values"
     assert parse_parameters(_scaling_up_command(stem)) == expected, (
-        f"{stem}'s 'Scaling up' command differs from helpers.scale_up; print it with "
-        f"`python -m helpers.scale_up {stem[:2]}` and paste it")
+        f"{stem}'s 'Scaling up' command differs from helpers.gallery.scale_up; print it with "
+        f"`python -m helpers.gallery.scale_up {stem[:2]}` and paste it")
 
 
 @pytest.mark.parametrize("stem", sorted(SCALE_UPS))
@@ -131,7 +131,7 @@ def _movielens(tmp: Path) -> dict[str, Any]:
 
 
 def _llama(tmp: Path) -> dict[str, Any]:
-    from helpers.data.llama_checkpoint import build_llama_checkpoint
+    from helpers.models.llama import build_llama_checkpoint
     from helpers.data.sft_tasks import build_sft_tasks
 
     chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
@@ -161,7 +161,7 @@ def _olmo3(tmp: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, Olmo3Config, Olmo3ForCausalLM
 
-    from helpers.data.llama_checkpoint import build_llama_checkpoint
+    from helpers.models.llama import build_llama_checkpoint
     from helpers.data.sft_tasks import build_sft_tasks
 
     chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL

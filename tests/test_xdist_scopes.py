@@ -1,4 +1,4 @@
-"""Tests that run Streaming never share the machine with each other on two workers (tests/xdist_scopes.py)."""
+"""Tests that run Streaming never share the machine with each other on two workers (tests/plugins/xdist_scopes.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.xdist_scopes import STREAMING, group_of
+from tests.plugins.xdist_scopes import STREAMING, group_of
 
 ROOT = Path(__file__).resolve().parents[1]
 # What in a test's source says it runs StreamingDataset or cleans Streaming's shared memory
@@ -32,7 +32,7 @@ def streaming_tests_outside_the_group(test_files: list[Path], root: Path) -> lis
 def test_every_test_that_runs_streaming_is_in_its_group():
     files = sorted(p for p in (ROOT / "tests").glob("test_*.py") if p.name != Path(__file__).name)
     assert streaming_tests_outside_the_group(files, ROOT) == [], (
-        "these tests run Streaming: add them to STREAMING_TESTS in tests/xdist_scopes.py")
+        "these tests run Streaming: add them to STREAMING_TESTS in tests/plugins/xdist_scopes.py")
     assert group_of("notebooks/03_lightning_two_tower_mds.ipynb::Cell 11") == STREAMING
     mutation = "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_lightning_two_tower_mds: x]"
     assert group_of(mutation) == STREAMING
@@ -58,7 +58,7 @@ def test_each_scale_up_run_is_a_group_of_its_own():
 
 
 def test_the_longest_groups_start_first():
-    from tests.xdist_scopes import start_order
+    from tests.plugins.xdist_scopes import start_order
 
     run = "tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs"
     groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", run, STREAMING]
@@ -87,7 +87,7 @@ def test_two_workers_keep_each_group_on_one_worker(tmp_path):
         (tests / f"{name}.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
-                           "--dist", "loadscope", "-p", "tests.xdist_scopes", "tests"],
+                           "--dist", "loadscope", "-p", "tests.plugins.xdist_scopes", "tests"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     workers: dict[str, set[str]] = {}

@@ -60,10 +60,10 @@ class Wheel:
 # versions of requirements.lock where those work with the machine's transformers 5 / torch 2.11.
 BUNDLE: tuple[Wheel, ...] = (
     # --- executing notebooks: papermill, its Jupyter client, and the ipykernel the notebooks run in
-    Wheel("papermill", "2.7.0", "executes the notebooks with parameters (helpers.execute)"),
+    Wheel("papermill", "2.7.0", "executes the notebooks with parameters (helpers.gallery.execute)"),
     Wheel("entrypoints", "0.4.2", "papermill: engine registry"),
     Wheel("tenacity", "9.2.1", "papermill: retries"),
-    Wheel("nbformat", "5.11.1", "reads/writes notebooks (helpers.execute, papermill)"),
+    Wheel("nbformat", "5.11.1", "reads/writes notebooks (helpers.gallery.execute, papermill)"),
     Wheel("fastjsonschema", "2.22.3", "nbformat: schema validation"),
     Wheel("jsonschema", "4.26.0", "nbformat: schema validation"),
     Wheel("jsonschema-specifications", "2025.9.1", "jsonschema"),

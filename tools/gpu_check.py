@@ -322,7 +322,7 @@ def subprocess_executor(src: Path, dst: Path, parameters: dict[str, Any], limit_
 def execute_job(job_path: str) -> int:
     """In the child: execute the notebook; the exit code and one line say how it went.
 
-    helpers/__init__ imports the launcher and so torch; this process only needs helpers.execute (papermill):
+    helpers/__init__ imports the launcher and so torch; this process only needs helpers.gallery.execute (papermill):
     the package is registered without running its __init__, which saves a torch import per notebook.
     """
     job = json.loads(Path(job_path).read_text())
@@ -332,7 +332,7 @@ def execute_job(job_path: str) -> int:
         package = types.ModuleType("helpers")
         package.__path__ = [str(ROOT / "helpers")]
         sys.modules["helpers"] = package
-    from helpers.execute import execute_notebook
+    from helpers.gallery.execute import execute_notebook
 
     try:
         execute_notebook(job["src"], job["dst"], job["parameters"], timeout=job["timeout"])
@@ -426,7 +426,7 @@ def run_one(check: NotebookCheck, ctx: Context, executor: Executor, reserve_s: f
     result.seconds = round(outcome.seconds, 1)
     metrics, error = {}, None
     if dst.exists():
-        from helpers.execute import read_metrics
+        from helpers.gallery.execute import read_metrics
 
         try:
             metrics, error = read_metrics(dst), notebook_error(dst)

@@ -10,7 +10,12 @@ The modules import one way: this one (the public API, and the dispatch on `clust
 forkserver the ranks fork from) and `ray` (Ray Train) -> the core they
 share: `options` (the one validator: options and the machine's facts into a plan), `payload` (what
 travels to a rank and how the rank applies it), `errors` (a rank's failure, its root cause, the
-exception the caller gets) and `_compat` (every private torch, Ray or standard-library API used).
+exception the caller gets) and `_compat` (every private torch, Ray or standard-library API used);
+`ray_session` opens and closes a Ray connection or a private local instance.
+
+Importing this package prepares the process for launching, in the notebook's kernel and in every rank
+alike: torch's thread pool is sized to the CPUs this container may use (torch reads the host's cores and
+would oversubscribe a quota), and two import-time notices of PEFT's dependencies are dropped (helpers.logs).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from helpers._env import temporary_environ
+from helpers import cpus, logs
 from helpers.context import BACKEND_ENV
+from helpers.env import temporary_environ
 from helpers.launch import local
 from helpers.launch import ray as ray_backend
 from helpers.launch.errors import RankError, RankFailedError
@@ -35,7 +41,10 @@ from helpers.launch.options import (
     check_options,
     plan_launch,
 )
-from helpers.launch.ray import ray_session
+from helpers.launch.ray_session import ray_session
+
+logs.drop_import_notices()
+cpus.fit_torch_threads()
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -83,7 +92,7 @@ class DistributedFunction(Generic[P, R]):
 
 
 def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None = None,
-           options: LaunchOptions | None = None, verbose: bool = False) -> list[R]:
+           options: LaunchOptions | None = None) -> list[R]:
     """Launch `fn(*args, **kwargs)` on every rank and collect the return values, in rank order.
 
     On this machine with torch elastic, or as Ray Train workers when `options.cluster` is set; each
@@ -91,7 +100,7 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None
     """
     options = options or LaunchOptions()
     backend = local if options.cluster is None else ray_backend
-    return backend.launch(fn, args, kwargs or {}, options, verbose=verbose)
+    return backend.launch(fn, args, kwargs or {}, options)
 
 
 def distributed(fn: Callable[P, R] | None = None, **options: Any) -> Any:

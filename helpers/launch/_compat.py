@@ -114,6 +114,19 @@ def signal_exception_type() -> type[BaseException]:
     return resolve(SIGNAL_EXCEPTION)
 
 
+def launch_config_stop_grace(seconds: float) -> dict[str, int]:
+    """`LaunchConfig(shutdown_timeout=...)`, a stopping rank's grace before SIGKILL, where torch has it.
+
+    A public field, but a new one: it landed after torch 2.11's branch cut (pytorch PR 172596), and older
+    agents wait a fixed 30 s. The GPU machine's torch may be such a version, so pass it only where it exists.
+    """
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if "shutdown_timeout" in getattr(LaunchConfig, "__dataclass_fields__", {}):
+        return {"shutdown_timeout": int(max(1, seconds))}
+    return {}
+
+
 # ------------------------------------------------------------------------------------ standard library
 
 # Run a worker's atexit handlers, which multiprocessing's os._exit() skips (Streaming frees /dev/shm there).

@@ -44,6 +44,7 @@ from helpers.launch.options import (
     plan_threads,
 )
 from helpers.launch.payload import Payload, serialise_call
+from helpers.logs import quieted
 from helpers.progress import watch_progress_dir
 
 _HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
@@ -178,16 +179,9 @@ def _quiet_elastic_logs(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
-    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
+    with quieted(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"),
+                 logging.CRITICAL):
         yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
 
 
 def _rank_exit(error: Any) -> RankExit:
@@ -199,7 +193,7 @@ def _rank_exit(error: Any) -> RankExit:
 
 
 def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
-           options: LaunchOptions | None = None, verbose: bool = False) -> list[Any]:
+           options: LaunchOptions | None = None) -> list[Any]:
     """Run `fn(*args, **kwargs)` on every rank of this machine; each rank's return value, in rank order."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -220,10 +214,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     if options.python is None and options.start_method == "forkserver":
         prepare_forkserver()
 
-    # LaunchConfig.shutdown_timeout (a stopping rank's grace before SIGKILL) landed after torch 2.11's branch
-    # cut (pytorch PR 172596); older agents wait a fixed 30 s. Pass it only where it exists (the GPU machine).
-    stop = {"shutdown_timeout": int(max(1, options.stop_timeout))} \
-        if "shutdown_timeout" in getattr(LaunchConfig, "__dataclass_fields__", {}) else {}
+    stop = _compat.launch_config_stop_grace(options.stop_timeout)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=plan.processes,
         run_id=f"helpers-{uuid.uuid4().hex[:12]}",
@@ -237,7 +228,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     )
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     try:
-        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(verbose), _main_module_not_rerun(), \
+        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(options.verbose), _main_module_not_rerun(), \
                 watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
             try:
                 if options.python is None:

@@ -50,6 +50,9 @@ class LaunchOptions:
     # packages, this process's helpers), for a framework that cannot share the notebook's environment
     # (notebook 09: Axolotl). Local backend only; a Ray cluster gives its workers a runtime_env instead.
     python: str | None = None
+    # True: the launchers' own logs as they are (torch elastic's agent, Ray's INFO lines), for when a launch
+    # fails in a way the short error does not explain. False: only what the ranks print, and the error.
+    verbose: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ def check_options(options: LaunchOptions, target: Target | None = None) -> None:
         progress.check_enabled(options.progress)
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if not isinstance(options.verbose, bool):
+        raise LaunchError(f"verbose={options.verbose!r}: use True (the launchers' own logs too) or False.")
     if options.python is not None:
         check_interpreter(options.python, target)
     if options.start_method not in ("forkserver", "spawn"):

@@ -45,16 +45,11 @@ What differs (Ray decides these, not us):
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
-import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,14 +57,12 @@ from typing import Any
 
 import cloudpickle
 
-from helpers._env import temporary_environ
-from helpers.cpus import usable_cpus
+from helpers.env import temporary_environ
 from helpers.launch import _compat
 from helpers.launch.errors import RankExit, RankFailedError, RankFailure, job_failure
 from helpers.launch.options import (
     DEFAULT_CPU_PROCESSES,
     RAY,
-    LaunchError,
     LaunchOptions,
     check_options,
     launch_progress_view,
@@ -77,6 +70,7 @@ from helpers.launch.options import (
     plan_threads,
 )
 from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_call, serialise_result
+from helpers.launch.ray_session import ray_session
 from helpers.progress import relay_ray_progress
 
 _POLL_SECONDS = 0.2
@@ -238,124 +232,6 @@ def _take_datasets(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, An
     return new_args, new_kwargs, datasets
 
 
-@contextlib.contextmanager
-def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool = False,
-                log_to_driver: bool = False, worker_log_level: str = "ERROR",
-                raylet_notices: bool = True) -> Iterator[Any]:
-    """Be connected to Ray for the duration of the block, and leave things as they were afterwards.
-
-    An existing `ray.init()` is used as is. `cluster="ray"` otherwise starts a private local instance:
-    dashboard off, logs not forwarded, a fresh authentication token in this process's environment (so
-    nothing is written to ~/.ray), temporary files in a short /tmp folder (Ray's socket paths must stay
-    under 107 characters), all stopped and removed on exit. `log_to_driver=True` forwards what the
-    workers print, as Ray does by default (the launcher forwards it itself, with rank prefixes). Any
-    other value is passed to `ray.init(address=...)` ("auto", "ray://host:10001", "host:6379") and
-    disconnected on exit. `num_cpus` raises a private instance's CPUs above the usable ones.
-    `worker_log_level` is what Ray's libraries log in the workers ("CRITICAL" keeps even the error report
-    of a worker whose peer was killed on purpose out of the cell; a failed run still raises on the driver),
-    and `raylet_notices=False` drops the raylet's reports of dead workers, which name ids and addresses.
-    """
-    import ray
-
-    if ray.is_initialized():
-        yield ray
-        return
-    quiet: dict[str, Any] = {}
-    if not verbose:  # Ray's INFO lines off in the driver; in the workers (logging_config) all but errors:
-        # without the dashboard, Ray Train's placement-group cleaner warns every second that the state API
-        # is down
-        quiet = {"logging_level": logging.WARNING, "log_to_driver": log_to_driver,
-                 "logging_config": ray.LoggingConfig(log_level=worker_log_level)}
-    notices = contextlib.nullcontext() if raylet_notices else _compat.ray_raylet_notices_dropped()
-    if cluster != "ray" or os.environ.get("RAY_ADDRESS"):
-        address = None if cluster == "ray" else cluster
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise LaunchError(
-                f"cluster={cluster!r}: could not connect to a Ray cluster ({type(e).__name__}: {e}). Start "
-                "one (`ray start --head`), pass its address ('ray://host:10001'), or use cluster='ray' for a "
-                "private local instance."
-            ) from e
-        try:
-            with notices:
-                yield ray
-        finally:
-            ray.shutdown()
-        return
-
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    auth = {}
-    if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
-        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    cpus = max(usable_cpus(), num_cpus or 0)  # the container's CPUs, not the host's
-    # Ray Data logs every dataset's start and end at INFO in the actor that runs it (with a path of this
-    # machine); its own config variable is the one switch that reaches that actor. A user's config wins.
-    data_logging = {}
-    if not verbose:
-        data_logging = {"RAY_DATA_LOGGING_CONFIG": _ray_data_logging_config(temp_dir, worker_log_level)}
-    try:
-        with temporary_environ({**auth, **data_logging}, keep_existing=[*auth, *data_logging]):
-            if auth:  # ours lives in this process's environment for the instance's lifetime
-                _compat.refresh_ray_auth()
-            _compat.ray_init_with_temp_dir(ray, temp_dir, num_cpus=cpus, include_dashboard=False, **quiet)
-            try:
-                with notices:
-                    yield ray
-            finally:
-                ray.shutdown()
-                _wait_for_ray_processes(temp_dir)
-    finally:
-        if auth:  # back to the user's own settings
-            _compat.refresh_ray_auth()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _ray_data_logging_config(folder: str, level: str) -> str:
-    """A logging config for Ray Data (`RAY_DATA_LOGGING_CONFIG`): `level` and above, to stderr only."""
-    config = {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
-        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "level": level}},
-        "loggers": {"ray.data": {"level": level, "handlers": ["console"], "propagate": False}},
-    }
-    path = Path(folder) / "ray_data_logging.json"   # JSON is YAML: Ray Data reads it with yaml.safe_load
-    path.write_text(json.dumps(config))
-    return str(path)
-
-
-def _uses_folder(proc: Path, folder: str) -> bool:
-    """Whether the process has `folder` on its command line or holds a file in it open."""
-    try:
-        if folder in (proc / "cmdline").read_bytes().decode(errors="replace"):
-            return True
-        return any(os.readlink(fd).startswith(folder) for fd in (proc / "fd").iterdir())
-    except OSError:  # gone meanwhile, or not ours to look at
-        return False
-
-
-def _ray_processes(temp_dir: str) -> list[int]:
-    """Pids of processes started for the instance whose temporary folder is `temp_dir`.
-
-    Ray's own daemons name the folder on their command line; its workers rename themselves
-    ("ray::TrainController") but write their output to log files in the folder. A worker that outlives
-    its raylet is found that way too.
-    """
-    return [int(entry.name) for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and int(entry.name) != os.getpid() and _uses_folder(entry, temp_dir)]
-
-
-def _wait_for_ray_processes(temp_dir: str, timeout: float = 10.0) -> None:
-    """ray.shutdown() returns before every process of the instance has exited: wait, then kill stragglers."""
-    deadline = time.monotonic() + timeout
-    while _ray_processes(temp_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in _ray_processes(temp_dir):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _print_lines(lines: list[tuple[int, str, str]], prefix: str) -> None:
     for rank, stream, text in lines:
         out = sys.stderr if stream == "stderr" else sys.stdout
@@ -400,7 +276,7 @@ def _printing_rank_output(ray: Any, collector: Any, prefix: str) -> Iterator[Non
 
 
 def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
-           options: LaunchOptions | None = None, verbose: bool = False) -> list[Any]:
+           options: LaunchOptions | None = None) -> list[Any]:
     """Run `fn(*args, **kwargs)` as Ray Train workers and return each rank's return value, in rank order.
 
     Called by `helpers.launch.launch` when `options.cluster` is set; see the module docstring for what
@@ -413,9 +289,9 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     call = serialise_call(fn, args, kwargs)  # an argument that cannot travel fails before Ray starts
     cpus_needed = options.processes if isinstance(options.processes, int) else DEFAULT_CPU_PROCESSES
 
-    quiet_env = {} if verbose else _compat.RAY_QUIET_ENV
+    quiet_env = {} if options.verbose else _compat.RAY_QUIET_ENV
     with temporary_environ(quiet_env, keep_existing=quiet_env), \
-            ray_session(options.cluster, cpus_needed, verbose) as ray:
+            ray_session(options.cluster, cpus_needed, options.verbose) as ray:
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 

@@ -101,7 +101,7 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
         import torch
         from transformers import GptOssConfig, GptOssForCausalLM
 
-        from helpers.tokenizers import build_char_tokenizer
+        from helpers.models.char_tokenizer import build_char_tokenizer
 
         tokenizer = build_char_tokenizer()
         config = GptOssConfig(

@@ -1,8 +1,4 @@
-"""The gallery run's HTML report (and, on the command line, the comparison of two runs: helpers.compare).
-
-    python -m helpers.report runs/<stamp>                  # (re)build the report of a run folder
-    python -m helpers.report --compare runs/<A> runs/<B>   # which metrics moved; exit 1 on a regression
-    python -m helpers.report --compare baseline.json runs/<B> --tolerance 0.02 --tolerance test_accuracy=0.005
+"""The gallery run's HTML report (`python -m helpers.gallery --report runs/<stamp>` rebuilds one).
 
 A run folder (written by `python -m helpers.gallery`) holds `summary.json`, the executed notebooks in
 `notebooks/`, and, after `build_report`: each notebook rendered to HTML next to it, `figures/<notebook>.png`
@@ -17,20 +13,17 @@ notebook that failed before `record_metrics`, or passed no figure, the last PNG 
 
 from __future__ import annotations
 
-import argparse
-import base64
 import datetime as dt
 import html
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
-from helpers.compare import add_compare_arguments, run_compare
-from helpers.gallery_errors import GalleryError, exits_on_gallery_error
+from helpers.gallery.errors import GalleryError
+from helpers.gallery.notebook_io import last_png
 from helpers.metrics import format_metric
 
 # ---------------------------------------------------------------------------------------------------
@@ -60,32 +53,6 @@ def render_html(ipynb: str | Path, html_path: str | Path) -> Path:
     return Path(html_path)
 
 
-def error_anchor(ipynb: str | Path, cell_index: int | None) -> str | None:
-    """The HTML anchor of a cell (`cell-id=<id>`, what nbconvert writes), for a link to a failing cell."""
-    if cell_index is None:
-        return None
-    nb = nbformat.read(str(ipynb), as_version=4)
-    if 0 <= cell_index < len(nb.cells) and nb.cells[cell_index].get("id"):
-        return f"cell-id={nb.cells[cell_index]['id']}"
-    return None
-
-
-def extract_last_png(ipynb: str | Path, png_path: str | Path) -> Path | None:
-    """Write the notebook's last image/png output to `png_path` (thumbnail fallback)."""
-    nb = nbformat.read(str(ipynb), as_version=4)
-    last = None
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {}).get("image/png")
-            if data:
-                last = data
-    if last is None:
-        return None
-    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(png_path).write_bytes(base64.b64decode(last if isinstance(last, str) else "".join(last)))
-    return Path(png_path)
-
-
 def complete_entry(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     """Render the entry's notebook to HTML and find its thumbnail and error anchor (in place)."""
     if not entry.get("output"):
@@ -101,14 +68,15 @@ def complete_entry(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
         entry["html_error"] = f"{type(e).__name__}: {e}"
     figure = run_dir / "figures" / f"{entry['notebook']}.png"
     if not figure.exists():
-        extract_last_png(ipynb, figure)
+        png = last_png(ipynb)
+        if png is not None:
+            figure.parent.mkdir(parents=True, exist_ok=True)
+            figure.write_bytes(png)
     if figure.exists():
         entry["figure"] = str(figure.relative_to(run_dir))
-    if entry.get("error") and entry["error"].get("cell") is not None:
-        entry["error"]["anchor"] = error_anchor(ipynb, entry["error"]["cell"])
-        nb = nbformat.read(str(ipynb), as_version=4)
-        if entry["error"]["cell"] < len(nb.cells):
-            entry["error"]["execution_count"] = nb.cells[entry["error"]["cell"]].get("execution_count")
+    error = entry.get("error")
+    if error and error.get("cell_id"):
+        error["anchor"] = f"cell-id={error['cell_id']}"  # what nbconvert writes for each cell
     return entry
 
 
@@ -248,24 +216,3 @@ def build_report(run_dir: str | Path) -> Path:
         complete_entry(run_dir, entry)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return write_index(run_dir, summary)
-
-
-@exits_on_gallery_error
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", nargs="?", help="a gallery run folder to (re)build the report of")
-    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
-                        help="run folders or baseline JSON files")
-    add_compare_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.compare:
-        return run_compare(*args.compare, args.tolerance, args.abs_tolerance, args.timings, args.direction)
-    if not args.run_dir:
-        parser.error("give a run folder, or --compare BEFORE AFTER")
-    print(build_report(args.run_dir))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ Every test gets a group, and a group runs on one worker, start to end:
 
 The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
 the scale-up runs, a minute or two each; then the rest, seconds each), so that no long group starts last,
-on one worker, while the other has nothing left to do. Loaded with `-p tests.xdist_scopes` (the Makefile
+on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the Makefile
 does it whenever it runs the tests on more than one worker).
 """
 

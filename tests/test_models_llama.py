@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers.data.llama_checkpoint import SPECIAL_TOKENS, build_llama_checkpoint, llama32_chat_template
+from helpers.models.llama import SPECIAL_TOKENS, build_llama_checkpoint, llama32_chat_template
 
 
 @pytest.fixture(scope="module")

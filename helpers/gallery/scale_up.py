@@ -6,15 +6,14 @@ checked against these sets (tests/test_scale_up.py), the README's gallery table 
 under the set's `where`, and the same test executes every notebook with them, on local stand-ins of the real
 data and with a step cap.
 
-    python -m helpers.scale_up            # every notebook's command, as the notebooks print it
-    python -m helpers.scale_up 04         # one notebook's
+    python -m helpers.gallery --scale-up          # every notebook's command, as the notebooks print it
+    python -m helpers.gallery --scale-up 04       # one notebook's
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,18 +155,3 @@ def parse_parameters(text: str) -> dict[str, Any]:
 def cli_parameters(notebook: str) -> dict[str, Any]:
     """What a user who types the printed command really passes to the notebook (parsed back by papermill)."""
     return parse_parameters(inline(notebook))
-
-
-def main(argv: list[str] | None = None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(SCALE_UPS)
-    for name in names:
-        match = [stem for stem in SCALE_UPS if stem == name or stem.split("_", 1)[0] == name]
-        if not match:
-            print(f"no notebook {name!r}; known: {', '.join(SCALE_UPS)}", file=sys.stderr)
-            return 2
-        print(f"# {match[0]} ({SCALE_UPS[match[0]].where})\n{command(match[0])}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

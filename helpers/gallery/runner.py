@@ -1,16 +1,9 @@
 """Run the whole gallery (or some notebooks) as one job: executed notebooks, an HTML report, tracking.
 
-    python -m helpers.gallery                              # every notebook, default parameters
-    python -m helpers.gallery 01 04 -p processes=8         # by number or name; a parameter for all
-    python -m helpers.gallery -p 04_fsdp_transformer:steps=5000 -p epochs=3
-    python -m helpers.gallery --baseline runs/<stamp>      # run, then compare with an earlier run
-    python -m helpers.gallery --compare runs/<A> runs/<B>  # compare two runs, run nothing
-
 A parameter given as NAME=VALUE goes to every selected notebook that declares NAME; NOTEBOOK:NAME=VALUE
 to that notebook only (an error if it does not declare it), and wins over NAME=VALUE. Values are Python
 literals, else strings. Everything is checked before the first notebook starts. A failing notebook does
-not stop the others; the exit status is 0 only when all passed (and, with --baseline, nothing regressed),
-and 2 when the command line is refused (the message says what to change).
+not stop the others.
 
 Output: runs/<stamp>/ with notebooks/<nb>.ipynb (executed) and .html (rendered), figures/<nb>.png (main
 figures), index.html (the report: open it in a browser), summary.json, summary.md, and the MLflow store
@@ -23,12 +16,9 @@ GALLERY_TRACKING_URI (or GALLERY_TRACKING=off), read by `helpers.record_metrics`
 
 from __future__ import annotations
 
-import argparse
 import ast
 import datetime as dt
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from helpers import tracking
-from helpers._env import temporary_environ
-from helpers.compare import add_compare_arguments, run_compare
-from helpers.cpus import usable_cpus
-from helpers.execute import execute_notebook, first_error, notebook_parameters, record_metadata
-from helpers.gallery_errors import GalleryError, exits_on_gallery_error
+from helpers.env import temporary_environ
+from helpers.gallery.errors import GalleryError
+from helpers.gallery.execute import execute_notebook, notebook_parameters
+from helpers.gallery.notebook_io import first_error, names_notebook, record_metadata
+from helpers.gallery.report import complete_entry, write_index
 from helpers.metrics import format_metric
-from helpers.paths import NOTEBOOKS_DIR, ROOT
-from helpers.report import complete_entry, write_index
+from helpers.paths import NOTEBOOKS_DIR
 
 
 @dataclass
@@ -77,7 +66,7 @@ def discover(names: list[str], notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Path
     chosen = []
     for name in names:
         stem = Path(name).stem
-        matches = [p for p in available if p.stem == stem or p.stem.split("_", 1)[0] == stem]
+        matches = [p for p in available if names_notebook(stem, p.stem)]
         if Path(name).suffix == ".ipynb" and Path(name).exists():
             matches = [Path(name).resolve()]
         if len(matches) != 1:
@@ -121,17 +110,6 @@ def parse_overrides(items: list[str], notebooks: list[Path]) -> dict[Path, dict[
     return per_nb
 
 
-def host_info() -> dict[str, Any]:
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {
-        "hostname": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-        "cpus": usable_cpus(), "gpus": gpus,
-        "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
-    }
-
-
 class CellProgress:
     """Shows which notebook and which cell is running: one updating line on a terminal, a line per code
     cell in a log. Used as nbclient's on_notebook_start / on_cell_start hooks (through papermill)."""
@@ -173,7 +151,7 @@ def _columns() -> int:
 
 def execute_with_progress(src: Path, dst: Path, parameters: dict[str, Any], timeout: int,
                           progress: CellProgress | None) -> None:
-    """helpers.execute.execute_notebook's papermill call (same kernel, cwd and checks) plus per-cell hooks.
+    """execute.execute_notebook's papermill call (same kernel, cwd and checks) plus per-cell hooks.
     Raises papermill's PapermillExecutionError on a failing cell; `dst` is kept."""
     hooks = {}
     if progress:
@@ -294,67 +272,3 @@ def new_run_dir(runs_dir: Path) -> Path:
         suffix += 1
     run_dir.mkdir(parents=True)
     return run_dir
-
-
-@exits_on_gallery_error
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.gallery", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("notebooks", nargs="*", help="names, stems or numbers (default: all)")
-    parser.add_argument("-p", "--parameter", action="append", default=[], metavar="[NB:]NAME=VALUE")
-    parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR), help="where the notebooks are")
-    parser.add_argument("--runs-dir", default=str(ROOT / "runs"), help="where run folders go")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds a cell may run")
-    parser.add_argument("--no-progress", action="store_true", help="do not show the running cell")
-    parser.add_argument("--no-report", action="store_true", help="no HTML rendering or index.html")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="MLflow store (default: $GALLERY_TRACKING_URI, $MLFLOW_TRACKING_URI, else "
-                             "sqlite:///<run folder>/mlflow.db)")
-    parser.add_argument("--no-tracking", action="store_true", help="no MLflow tracking")
-    parser.add_argument("--list", action="store_true",
-                        help="list notebooks and their parameters, run nothing")
-    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
-                        help="compare two run folders (or baseline JSON files) and run nothing")
-    parser.add_argument("--baseline", metavar="RUN_OR_JSON",
-                        help="after the run, compare with this run folder or baseline JSON")
-    add_compare_arguments(parser)
-    args = parser.parse_args(argv)
-
-    if args.compare:
-        return run_compare(*args.compare, args.tolerance, args.abs_tolerance, args.timings, args.direction)
-    notebooks_dir = Path(args.notebooks_dir)
-    notebooks = discover(args.notebooks, notebooks_dir)
-    if not notebooks:
-        raise GalleryError(f"no notebooks found in {notebooks_dir}")
-    if args.list:
-        for nb in notebooks:
-            print(nb.stem, notebook_parameters(nb))
-        return 0
-    overrides = parse_overrides(args.parameter, notebooks)
-    if args.baseline and not Path(args.baseline).exists():
-        raise GalleryError(f"--baseline {args.baseline}: no such run folder or JSON file")
-
-    run_dir = new_run_dir(Path(args.runs_dir))
-    if args.no_tracking or not tracking.enabled():
-        tracking_uri = None
-    else:
-        tracking_uri = (args.tracking_uri or os.environ.get(tracking.ENV_URI)
-                        or os.environ.get("MLFLOW_TRACKING_URI")
-                        or tracking.sqlite_uri(run_dir / tracking.DB_NAME))
-    host = host_info()
-    print(f"gallery run {run_dir} on {host['cpus']} CPUs, {host['gpus']} GPU(s); "
-          f"report: {run_dir / 'index.html'}", flush=True)
-    results = run_gallery(notebooks, overrides, run_dir, args.timeout, progress=not args.no_progress,
-                          tracking_uri=tracking_uri, report=not args.no_report, host=host)
-    print((run_dir / "summary.md").read_text())
-    if tracking_uri:
-        print(f"MLflow: mlflow ui --backend-store-uri {tracking_uri}")
-    status = 0 if all(r.status == "passed" for r in results) else 1
-    if args.baseline:
-        status |= run_compare(args.baseline, str(run_dir), args.tolerance, args.abs_tolerance, args.timings,
-                              args.direction)
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

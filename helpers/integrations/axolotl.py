@@ -1,7 +1,7 @@
 """An Axolotl plugin for notebook launches: rank 0's progress bar in the cell, and what each rank trained.
 
-Axolotl loads plugins named in its YAML (`plugins: [helpers.axolotl_plugin.GalleryPlugin]`) in every rank,
-and calls `add_callbacks_post_trainer` once it has built its trainer. This one adds two `transformers`
+Axolotl loads plugins named in its YAML (`plugins: [helpers.integrations.axolotl.GalleryPlugin]`) in every
+rank, and calls `add_callbacks_post_trainer` once it has built its trainer. This one adds two `transformers`
 callbacks: the gallery's progress bar (Axolotl's own tqdm bar would arrive in the notebook as a pile of
 half lines through the ranks' log tail) and a recorder. `axolotl.cli.train.do_train` returns nothing and drops
 its trainer, so the recorder keeps, in `RECORD`, what the notebook checks afterwards: the loss Axolotl logged
@@ -19,7 +19,7 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from helpers.progress import transformers_progress_callback
+from helpers.integrations.transformers import transformers_progress_callback
 
 RECORD: dict[str, Any] = {}
 

@@ -1,11 +1,30 @@
-"""Temporary environment variables, restored exactly afterwards (set, changed or unset), and the variables
-that give a process another machine's CPU arithmetic."""
+"""Environment variables: on/off switches read one way, temporary values restored exactly afterwards (set,
+changed or unset), and the variables that give a process another machine's CPU arithmetic."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
+
+_OFF = frozenset({"0", "off", "false", "no"})
+_ON = frozenset({"1", "on", "true", "yes"})
+
+
+def env_flag(name: str, default: bool | None = None) -> bool | None:
+    """An on/off switch: `on/1/true/yes` is True, `off/0/false/no` False, unset or empty `default`.
+
+    Anything else is refused rather than guessed, so a typo does not silently mean "on".
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise ValueError(f"{name}={os.environ[name]!r}: use 'on' or 'off' (or leave it unset).")
+
 
 # Kernels of another instruction set, for ATen, oneDNN and MKL together, so one machine can check what another
 # would compute (nbval's variants, the reference measurements, their cost benchmark). AVX2: the common machine
@@ -51,10 +70,9 @@ def temporary_environ(values: Mapping[str, str | None], keep_existing: Iterable[
 def with_own_inductor_cache(env: Mapping[str, str]) -> dict[str, str]:
     """`env`, plus a torch.compile cache of its own when it changes ATen's instruction set.
 
-    Why: torch 2.14's Inductor reuses kernels from its on-disk cache across ATEN_CPU_CAPABILITY values.
-    Measured here (2026-12-02, AVX-512 host): after a process compiled notebook 10's GPT under
-    ATEN_CPU_CAPABILITY=avx2, a process without it loaded the cached kernels and died ("malloc(): unaligned
-    tcache chunk detected", "free(): invalid pointer"), and the reverse order gave NaN losses. A simulated
+    Why: torch 2.14's Inductor reuses kernels from its on-disk cache across ATEN_CPU_CAPABILITY values. A
+    process that loads kernels compiled under another capability can crash ("malloc(): unaligned tcache chunk
+    detected", "free(): invalid pointer") or compute NaN losses (notebook 10's GPT does both). A simulated
     instruction set (the nbval variants, the reference-spread runs) must not poison the cache that the
     user's own runs read, so each capability gets its own folder.
     """

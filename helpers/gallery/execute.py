@@ -13,7 +13,7 @@ from typing import Any
 
 import nbformat
 
-from helpers.metrics import METADATA_KEY
+from helpers.gallery.notebook_io import first_error
 
 KERNEL_NAME = "python3"
 
@@ -64,40 +64,6 @@ def execute_notebook(src: str | Path, dst: str | Path, parameters: dict[str, Any
     )
 
 
-def record_metadata(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
-    """Everything `record_metrics` stored in the executed notebook (metrics, params, host, figure,
-    tracking)."""
-    if not isinstance(nb, nbformat.NotebookNode):
-        nb = nbformat.read(str(nb), as_version=4)
-    meta: dict[str, Any] = {}
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            found = out.get("metadata", {}).get(METADATA_KEY)
-            if found:
-                for key, value in found.items():
-                    if isinstance(value, dict):
-                        meta.setdefault(key, {}).update(value)
-                    else:
-                        meta[key] = value
-    return meta
-
-
-def read_metrics(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any]:
-    """Every metric the notebook recorded with `helpers.record_metrics`, later values winning."""
-    return record_metadata(nb).get("metrics", {})
-
-
-def first_error(nb: nbformat.NotebookNode | str | Path) -> dict[str, Any] | None:
-    """The first cell that raised: its index, exception name and value (for reports)."""
-    if not isinstance(nb, nbformat.NotebookNode):
-        nb = nbformat.read(str(nb), as_version=4)
-    for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return {"cell": index, "ename": out.get("ename"), "evalue": out.get("evalue")}
-    return None
-
-
 def store_outputs(path: str | Path, timeout: int = 1800) -> nbformat.NotebookNode:
     """Re-execute a notebook at its defaults and store the outputs in place (what nbval compares).
 
@@ -133,14 +99,3 @@ def _keep_failed_run(nb: nbformat.NotebookNode, path: Path) -> Path:
     kept.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(kept))
     return kept
-
-
-if __name__ == "__main__":
-    import sys
-
-    targets = sys.argv[1:]
-    if not targets or targets[0] != "--store" or len(targets) < 2:
-        raise SystemExit("usage: python -m helpers.execute --store NOTEBOOK.ipynb [...]")
-    for target in targets[1:]:
-        print(f"executing {target} and storing its outputs", flush=True)
-        store_outputs(target)

@@ -22,7 +22,7 @@ a conv net's training step took 0.92-1.44x its native time under AVX2 and 1.45-1
 runs on 2026-12-02, 2-core AVX-512 host: noisy, but the order holds in each).
 
 Each notebook runs once, so this costs no extra run: the variant replaces the plain one. Set
-`NBVAL_VARIANTS=off` to compare under this machine's own kernels. Loaded with `-p tests.nbval_variants`.
+`NBVAL_VARIANTS=off` to compare under this machine's own kernels. Loaded with `-p tests.plugins.nbval_variants`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import re
 
 import pytest
 
-from helpers._env import ISA_AVX2, ISA_BASELINE, with_own_inductor_cache
+from helpers.env import ISA_AVX2, ISA_BASELINE, with_own_inductor_cache
 
 # Notebooks that run torch.compile on CPU. Inductor reads ATEN_CPU_CAPABILITY too, and with "default" (no
 # SIMD) torch 2.14's generated C++ still calls at::vec and fails to build ("'at::vec' has not been declared",
@@ -61,7 +61,7 @@ def variant_for(notebook_stem: str) -> dict[str, str]:
     isa, threads = VARIANTS.get(number, (ISA_BASELINE, 1))
     if number in COMPILES:
         isa = {**isa, "ATEN_CPU_CAPABILITY": "avx2"}
-    # its own torch.compile cache: Inductor's is not keyed by the capability (helpers._env says what broke)
+    # its own torch.compile cache: Inductor's is not keyed by the capability (helpers.env says what broke)
     return with_own_inductor_cache({**isa, "HELPERS_THREADS_PER_PROCESS": str(threads)})
 
 

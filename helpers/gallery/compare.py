@@ -1,10 +1,10 @@
 """Which metrics moved between two gallery runs (or a run and a baseline), and which way is better.
 
-    python -m helpers.report --compare runs/<A> runs/<B>        # which metrics moved; exit 1 on a regression
-    python -m helpers.gallery --baseline runs/<A>               # run, then compare with an earlier run
+    python -m helpers.gallery --compare runs/<A> runs/<B>   # which metrics moved; exit 1 on a regression
+    python -m helpers.gallery --baseline runs/<A>           # run, then compare with an earlier run
 
 A run is a run folder (its summary.json) or a baseline JSON. `compare` is the library function;
-`run_compare` and `add_compare_arguments` are the command-line layer both commands share.
+`run_compare` and `add_compare_arguments` are its command-line layer.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from helpers.gallery_errors import GalleryError
+from helpers.gallery.errors import GalleryError
 from helpers.metrics import format_metric
 
 _LOWER = re.compile(r"loss|error|err\b|diff|perplexity|ppl|mse|mae|rmse|nll|wer|cer|distance|_gap", re.I)

@@ -1,9 +1,9 @@
 """The gallery commands' error, and the one place that turns it into an exit status.
 
-Library functions (`gallery.discover`, `gallery.parse_overrides`, `compare.load_run`, ...) raise
+Library functions (`runner.discover`, `runner.parse_overrides`, `compare.load_run`, ...) raise
 `GalleryError` with a message that says what to change, so code that calls them (a test, a notebook,
-another tool) can catch it. Only the command-line entry points (`python -m helpers.gallery`,
-`python -m helpers.report`) print it and exit, with status 2, as argparse does for a bad command line.
+another tool) can catch it. Only the command line (`python -m helpers.gallery`) prints it and exits, with
+status 2, as argparse does for a bad command line.
 """
 
 from __future__ import annotations

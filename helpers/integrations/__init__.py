@@ -1,0 +1,1 @@
+"""Adapters to the lessons' frameworks: progress callbacks (Lightning, transformers), Axolotl's plugin."""
