@@ -83,7 +83,7 @@ nbval: $(STAMP) $(AXOLOTL_STAMP)
 # Stored outputs are the CPU reference path, whatever the machine has.
 NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 notebooks: $(STAMP) $(AXOLOTL_STAMP)
-	$(TEST_ENV) $(BIN)/python -m helpers.gallery.execute --store $(NB)
+	$(TEST_ENV) $(BIN)/python -m helpers.gallery --store $(NB)
 
 ## bench: launch latency, progress-bar overhead and launcher throughput (docs/benchmarks.md: the others)
 bench: $(STAMP)

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from helpers.data.movielens import ML25M_MOVIES, ML25M_USERS, build_movielens_shaped  # noqa: E402
-from helpers.gallery.execute import execute_notebook, read_metrics  # noqa: E402
+from helpers.gallery.execute import execute_notebook
+from helpers.gallery.notebook_io import read_metrics  # noqa: E402
 from helpers.paths import NOTEBOOKS_DIR  # noqa: E402
 from helpers.gallery.scale_up import cli_parameters  # noqa: E402
 

@@ -10,7 +10,7 @@ from typing import Any
 
 
 def show_text(text: str, metadata: dict[str, Any], printed: str | None = None) -> None:
-    """`text` as a plain-text display carrying `metadata` in a Jupyter kernel; else print `printed` (or `text`).
+    """`text` as a plain-text display carrying `metadata` in a Jupyter kernel; else print `printed` or `text`.
     """
     try:
         from IPython import get_ipython

@@ -9,7 +9,8 @@ from typing import Any
 import nbformat
 import pytest
 
-from helpers.gallery.execute import execute_notebook, read_metrics
+from helpers.gallery.execute import execute_notebook
+from helpers.gallery.notebook_io import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

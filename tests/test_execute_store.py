@@ -1,4 +1,4 @@
-"""`make notebooks` (helpers.gallery.execute --store): a failed run leaves the stored notebook as it was and keeps
+"""`make notebooks` (python -m helpers.gallery --store): a failed run leaves the stored notebook as it was and keeps
 the executed copy, whose outputs say why."""
 
 from __future__ import annotations

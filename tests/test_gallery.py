@@ -20,6 +20,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from helpers import tracking
+from helpers.gallery import __main__ as cli
 from helpers.gallery import runner as gallery
 from helpers.env import temporary_environ
 from helpers.gallery.errors import USAGE_ERROR, GalleryError
@@ -79,7 +80,7 @@ def synthetic_run(tmp_path_factory):
         # tracking on even where the test command turns it off for the notebooks (GALLERY_TRACKING=off)
         tracking_on = {tracking.ENV_SWITCH: "on", tracking.ENV_URI: None, "MLFLOW_TRACKING_URI": None}
         with contextlib.redirect_stdout(out), temporary_environ(tracking_on):
-            status = gallery.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
+            status = cli.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
                                    "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
         (run_dir,) = (base / "runs").iterdir()
         _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(),
@@ -124,7 +125,7 @@ def test_unknown_names_are_refused(two_notebooks, item, message):
 
 def test_unknown_name_refused_before_anything_runs(two_notebooks, tmp_path, capsys):
     runs = tmp_path / "runs"
-    status = gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs),
+    status = cli.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", str(runs),
                            "-p", "n=2", "-p", "bogus=1"])
     assert status == USAGE_ERROR and "error: -p 'bogus=1'" in capsys.readouterr().err
     assert not runs.exists(), "a run folder was created although the command line was refused"
@@ -147,7 +148,7 @@ def test_discovery_by_number_and_stem(two_notebooks):
 
 def test_list_runs_nothing(two_notebooks, tmp_path, capsys):
     runs = str(tmp_path / "r")
-    assert gallery.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", runs, "--list"]) == 0
+    assert cli.main(["--notebooks-dir", str(two_notebooks), "--runs-dir", runs, "--list"]) == 0
     assert "02_ok {'n': 3, 'scale': 1.0, 'label': 'x'}" in capsys.readouterr().out
     assert not (tmp_path / "r").exists()
 

@@ -18,6 +18,8 @@ import pytest
 
 import helpers.progress
 from helpers import LaunchError, distributed, progress_bar, worker_context
+from helpers.integrations.lightning import lightning_progress_bar
+from helpers.integrations.transformers import transformers_progress_callback
 from helpers.progress import METADATA_KEY, ProgressView, format_bar
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +179,7 @@ def test_lightning_adapter_reports_each_epoch(monkeypatch, tmp_path):
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(28, 4)), batch_size=4)
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_model_summary=False, default_root_dir=tmp_path,
-                        callbacks=[helpers.progress.lightning_progress_bar()])
+                        callbacks=[lightning_progress_bar()])
     trainer.fit(Tiny(), data)
     finals = [s for _, s in view.drawn if s["closed"]]
     assert [s["desc"] for s in finals] == ["epoch 1/2", "epoch 2/2"]
@@ -187,7 +189,7 @@ def test_lightning_adapter_reports_each_epoch(monkeypatch, tmp_path):
 def test_transformers_adapter_follows_the_optimiser_steps(monkeypatch):
     view = RecordingView()
     monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
-    callback = helpers.progress.transformers_progress_callback("ZeRO-2")
+    callback = transformers_progress_callback("ZeRO-2")
     state = SimpleNamespace(max_steps=6, global_step=0, is_world_process_zero=True)
     callback.on_train_begin(None, state, None)
     for step in range(1, 7):
@@ -199,7 +201,7 @@ def test_transformers_adapter_follows_the_optimiser_steps(monkeypatch):
     final = view.drawn[-1][1]
     assert final["desc"] == "ZeRO-2" and final["n"] == final["total"] == 6 and final["closed"]
     assert final["postfix"] == "loss=0.1667", final
-    other = helpers.progress.transformers_progress_callback()
+    other = transformers_progress_callback()
     other.on_train_begin(None, SimpleNamespace(max_steps=6, is_world_process_zero=False), None)
     assert other._bar._sink is None, "only the main process draws"
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from helpers.gallery import compare, report
+from helpers.gallery import __main__ as cli
 from helpers.gallery import runner as gallery
 from helpers.gallery.errors import USAGE_ERROR, GalleryError
 from tests.test_gallery import synthetic_run  # noqa: F401  (the shared session fixture)
@@ -63,7 +64,7 @@ def _compare(tmp_path, after, *args) -> tuple[int, str]:
     a, b = _summary(tmp_path, "a", BEFORE), _summary(tmp_path, "b", after)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = gallery.main(["--compare", str(a), str(b), *args])
+        status = cli.main(["--compare", str(a), str(b), *args])
     return status, out.getvalue()
 
 
@@ -112,17 +113,17 @@ def test_compare_status_timings_and_baseline_json(tmp_path):
     assert compare.run_compare(str(baseline), str(b), ["0.2"]) == 0
     with pytest.raises(GalleryError, match="no such run folder"):
         compare.load_run(tmp_path / "nowhere")
-    assert report.main(["--compare", str(tmp_path / "nowhere"), str(b)]) == USAGE_ERROR
-    assert report.main([str(tmp_path / "nowhere")]) == USAGE_ERROR
+    assert cli.main(["--compare", str(tmp_path / "nowhere"), str(b)]) == USAGE_ERROR
+    assert cli.main(["--report", str(tmp_path / "nowhere")]) == USAGE_ERROR
 
 
 def test_compare_real_run_with_itself_and_a_better_baseline(synthetic_run, tmp_path, capsys):  # noqa: F811
     run_dir = synthetic_run["run_dir"]
-    assert gallery.main(["--compare", str(run_dir), str(run_dir)]) == 0
+    assert cli.main(["--compare", str(run_dir), str(run_dir)]) == 0
     baseline = tmp_path / "baseline.json"
     baseline.write_text(json.dumps({"02_ok": {"score": 1.5},
                                     "01_fails": {"status": "passed", "metrics": {}}}))
-    assert gallery.main(["--compare", str(baseline), str(run_dir)]) == 1
+    assert cli.main(["--compare", str(baseline), str(run_dir)]) == 1
     out = capsys.readouterr().out
     assert "02_ok" in out and "score" in out and "the notebook now fails" in out
 
@@ -344,7 +345,7 @@ def test_index_page_in_headless_chromium(browser, served):
 def test_report_can_be_rebuilt_from_a_run_folder(synthetic_run, capsys):  # noqa: F811
     run_dir = synthetic_run["run_dir"]
     before = json.loads((run_dir / "summary.json").read_text())
-    assert report.main([str(run_dir)]) == 0
+    assert cli.main(["--report", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == str(run_dir / "index.html")
     after = json.loads((run_dir / "summary.json").read_text())
     assert [e["html"] for e in after["notebooks"]] == [e["html"] for e in before["notebooks"]]

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from helpers.gallery.execute import notebook_parameters, record_metadata
+from helpers.gallery.execute import notebook_parameters
+from helpers.gallery.notebook_io import record_metadata
 from helpers.gallery.scale_up import SCALE_UPS, cli_parameters, inline, parse_parameters
 from tests.conftest import NOTEBOOKS, display_text, stream_text
 
@@ -75,7 +76,7 @@ def test_notebook_prints_the_scale_up_set(stem):
     assert cli_parameters(stem) == expected, "the printed command does not give the notebook these values"
     assert parse_parameters(_scaling_up_command(stem)) == expected, (
         f"{stem}'s 'Scaling up' command differs from helpers.gallery.scale_up; print it with "
-        f"`python -m helpers.gallery.scale_up {stem[:2]}` and paste it")
+        f"`python -m helpers.gallery --scale-up {stem[:2]}` and paste it")
 
 
 @pytest.mark.parametrize("stem", sorted(SCALE_UPS))

@@ -53,8 +53,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS_DIR = ROOT / "notebooks"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: this checkout's helpers
+from helpers.paths import NOTEBOOKS_DIR, ROOT, names_notebook  # noqa: E402
+
 DEFAULT_BUNDLE = ROOT / "gpu-bundle"
 DEFAULT_SITE = Path(tempfile.gettempdir()) / "gpu-check-site"
 DEFAULT_BUDGET_S = 580  # the whole check, install included: one 600 s device call
@@ -320,18 +321,9 @@ def subprocess_executor(src: Path, dst: Path, parameters: dict[str, Any], limit_
 
 
 def execute_job(job_path: str) -> int:
-    """In the child: execute the notebook; the exit code and one line say how it went.
-
-    helpers/__init__ imports the launcher and so torch; this process only needs helpers.gallery.execute (papermill):
-    the package is registered without running its __init__, which saves a torch import per notebook.
-    """
+    """In the child: execute the notebook; the exit code and one line say how it went (this process imports
+    papermill, not torch: the notebook's kernel and ranks do the GPU work)."""
     job = json.loads(Path(job_path).read_text())
-    if "helpers" not in sys.modules:
-        import types
-
-        package = types.ModuleType("helpers")
-        package.__path__ = [str(ROOT / "helpers")]
-        sys.modules["helpers"] = package
     from helpers.gallery.execute import execute_notebook
 
     try:
@@ -342,28 +334,6 @@ def execute_job(job_path: str) -> int:
         print(f"gpu_check: {Path(job['src']).name} failed: {name}: {detail}"[:2000], flush=True)
         return 1
     return 0
-
-
-def notebook_error(path: Path) -> dict[str, Any] | None:
-    """The first cell that raised, numbered as in the source notebook (the cells papermill adds, injected
-    parameters and error banners, not counted), with its exception and first line of code."""
-    import nbformat
-
-    nb = nbformat.read(str(path), as_version=4)
-    index = 0
-    for cell in nb.cells:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if "papermill-error-cell-tag" in tags:
-            continue
-        injected = "injected-parameters" in tags
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                code = next((line for line in cell.source.splitlines()
-                             if line.strip() and not line.lstrip().startswith("#")), "")
-                return {"cell": "injected parameters" if injected else index, "ename": out.get("ename"),
-                        "evalue": out.get("evalue"), "code": code.strip()[:120]}
-        index += not injected
-    return None
 
 
 def importable(module: str) -> bool:
@@ -426,10 +396,10 @@ def run_one(check: NotebookCheck, ctx: Context, executor: Executor, reserve_s: f
     result.seconds = round(outcome.seconds, 1)
     metrics, error = {}, None
     if dst.exists():
-        from helpers.gallery.execute import read_metrics
+        from helpers.gallery.notebook_io import first_error, read_metrics
 
         try:
-            metrics, error = read_metrics(dst), notebook_error(dst)
+            metrics, error = read_metrics(dst), first_error(dst)
         except Exception as e:  # a notebook written half-way
             result.problems.append(f"could not read the executed notebook: {type(e).__name__}: {e}")
     result.seen = {k: metrics.get(k) for k in ("device", "backend", "precision", "processes") if k in metrics}
@@ -693,8 +663,8 @@ def preflight(device: str) -> str | None:
 def select(checks: tuple[NotebookCheck, ...], only: list[str]) -> list[NotebookCheck]:
     if not only:
         return list(checks)
-    chosen = [c for c in checks if any(c.name == o or c.name.split("_", 1)[0] == o for o in only)]
-    unknown = [o for o in only if not any(c.name == o or c.name.split("_", 1)[0] == o for c in checks)]
+    chosen = [c for c in checks if any(names_notebook(o, c.name) for o in only)]
+    unknown = [o for o in only if not any(names_notebook(o, c.name) for c in checks)]
     if unknown:
         raise SystemExit(f"gpu_check: no notebook {unknown}; choose from {[c.name for c in checks]}")
     return chosen
@@ -752,8 +722,6 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
     if bundle_info and bundle_info.get("installed"):
         print(f"gpu_check: installed {len(bundle_info['installed'])} wheels into {args.site} "
               f"in {bundle_info.get('install_seconds')} s", flush=True)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     info["gpu"] = torch_info(args.device)
     expect = expectations(args.device, info["gpu"].get("bf16"))
     info.update(expect=asdict(expect), versions=versions(), bundle=bundle_info,

@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
     modes.add_argument("--report", metavar="RUN_DIR", help="(re)build the HTML report of a run folder")
     modes.add_argument("--store", action="store_true",
                        help="re-execute the notebooks at their defaults and store the outputs in place (what "
-                            "nbval compares); a failed run leaves the stored file as it was (its executed copy: "
-                            "runs/store-failures/)")
+                            "nbval compares); a failed run leaves the stored file as it was (its executed "
+                            "copy: runs/store-failures/)")
     modes.add_argument("--scale-up", action="store_true",
                        help="print each notebook's full-size command, as its 'Scaling up' section gives it")
     add_compare_arguments(p)

@@ -23,11 +23,6 @@ INJECTED_TAG = "injected-parameters"
 NotebookLike = nbformat.NotebookNode | str | Path
 
 
-def names_notebook(name: str, stem: str) -> bool:
-    """Whether `name` names the notebook `stem`: its stem, or its number ('04' for 04_fsdp_transformer)."""
-    return name == stem or stem.split("_", 1)[0] == name
-
-
 def read(nb: NotebookLike) -> nbformat.NotebookNode:
     return nb if isinstance(nb, nbformat.NotebookNode) else nbformat.read(str(nb), as_version=4)
 

@@ -29,7 +29,7 @@ from helpers import tracking
 from helpers.env import temporary_environ
 from helpers.gallery.errors import GalleryError
 from helpers.gallery.execute import execute_notebook, notebook_parameters
-from helpers.gallery.notebook_io import first_error, names_notebook, record_metadata
+from helpers.gallery.notebook_io import first_error, record_metadata
 from helpers.gallery.report import complete_entry, write_index
 from helpers.metrics import format_metric
 from helpers.paths import NOTEBOOKS_DIR
