@@ -62,7 +62,7 @@ run: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/python -m helpers.gallery $(ARGS)
 
 ## test: lint, unit and launcher tests, papermill parameter runs, nbval over the stored notebooks
-# The notebooks' MLflow logging is tested on its own (tests/test_gallery.py); off for the notebook runs here.
+# The notebooks' MLflow logging is tested on its own (tests/test_gallery_runner.py); off for the notebook runs here.
 test: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not mutation" $(NBVAL) tests notebooks $(ARGS)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.nbval_variant_cost import CONV  # noqa: E402
+from tests.support import join, one_cpu_cgroup  # noqa: E402
 
 # CONV with torch's own thread count (or, with "helpers", the one `import helpers` leaves); ms a step
 CONV_OWN_THREADS = CONV.replace("torch.set_num_threads(int(sys.argv[1]))",
@@ -46,33 +46,6 @@ def pair(threads: int) -> list[float]:
 
 
 # (hierarchy, a file only that kind of hierarchy has, the files that set a quota of 1 CPU)
-CGROUPS = ((Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", {"cpu.cfs_quota_us": "100000"}),   # v1
-           (Path("/sys/fs/cgroup"), "cgroup.controllers", {"cpu.max": "100000 100000"}))     # v2
-
-
-def one_cpu_cgroup() -> Path | None:
-    """A new real cgroup with a quota of 1 CPU, or None where none can be made (not root, no cpu controller).
-    The caller removes it (rmdir) once its processes have ended."""
-    for base, marker, files in CGROUPS:
-        if not (base / marker).exists():   # not this kind of hierarchy (a plain folder would take the files)
-            continue
-        group = base / f"helpers-quota-{uuid.uuid4().hex[:8]}"
-        try:
-            group.mkdir()
-            for name, value in files.items():
-                (group / name).write_text(value)
-            return group
-        except OSError:
-            if group.exists():
-                group.rmdir()
-    return None
-
-
-def join(group: Path) -> None:
-    """Move this process into `group` (a subprocess's preexec_fn)."""
-    (group / "cgroup.procs").write_text(str(os.getpid()))
-
-
 def in_group(group: Path, mode: str) -> float:
     out = subprocess.run([sys.executable, "-c", CONV_OWN_THREADS, mode], env=_env(), check=True,
                          capture_output=True, text=True, preexec_fn=lambda: join(group)).stdout

@@ -4,8 +4,8 @@ The evaluation once built dense users x movies masks (10 GB each at the ml-25m s
 matrix on the driver (40 GB). Now it samples `eval_users` users and scores them in chunks with sparse
 seen/held sets. This runs the notebook at the default 1k-user shape, a 25k-user shape and the ml-25m shape
 (162,541 users x 59,047 movies; fewer ratings than the real 25M), with the scale-up parameters
-(helpers.gallery.scale_up) for the two larger ones and a step cap, and prints the kernel's peak resident memory
-(`driver_peak_rss_mb`, recorded by the notebook) with the wall time.
+(helpers.gallery.scale_up) for the two larger ones and a step cap, and prints the kernel's peak resident
+memory (`driver_peak_rss_mb`, recorded by the notebook) with the wall time.
 
     .venv/bin/python benchmarks/driver_memory_03.py [--shapes 1k,25k,ml-25m] [--limit-mb 4096]
 
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers.data.movielens import ML25M_MOVIES, ML25M_USERS, build_movielens_shaped  # noqa: E402
 from helpers.gallery.execute import execute_notebook
 from helpers.gallery.notebook_io import read_metrics  # noqa: E402
-from helpers.paths import NOTEBOOKS_DIR  # noqa: E402
 from helpers.gallery.scale_up import cli_parameters  # noqa: E402
+from helpers.paths import NOTEBOOKS_DIR  # noqa: E402
 
 NOTEBOOK = "03_lightning_two_tower_mds"
 SHAPES = {"1k": None, "25k": (25_000, 10_000), "ml-25m": (ML25M_USERS, ML25M_MOVIES)}

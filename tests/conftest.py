@@ -1,7 +1,11 @@
-"""Shared fixtures: run a notebook with papermill into a temporary folder."""
+"""Shared fixtures: run a notebook with papermill, refuse bad inputs, record progress bars, one synthetic
+gallery run per session. What tests share besides fixtures is in tests/support.py."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,37 +13,13 @@ from typing import Any
 import nbformat
 import pytest
 
+import helpers.progress
+from helpers import tracking
+from helpers.env import temporary_environ
+from helpers.gallery import __main__ as cli
 from helpers.gallery.execute import execute_notebook
 from helpers.gallery.notebook_io import read_metrics
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
-
-
-def notebook_path(stem: str) -> Path:
-    path = NOTEBOOKS / f"{stem}.ipynb"
-    assert path.exists(), f"no notebook {path}"
-    return path
-
-
-def stream_text(nb: nbformat.NotebookNode, name: str | None = None) -> str:
-    """All stream output of the executed notebook (stdout and stderr, or one of them)."""
-    return "".join(
-        out.get("text", "")
-        for cell in nb.cells
-        for out in cell.get("outputs", [])
-        if out.get("output_type") == "stream" and (name is None or out.get("name") == name)
-    )
-
-
-def display_text(nb: nbformat.NotebookNode) -> str:
-    """The text/plain of every display and result (where record_metrics and the reference check write)."""
-    return "\n".join(
-        out.get("data", {}).get("text/plain", "")
-        for cell in nb.cells
-        for out in cell.get("outputs", [])
-        if out.get("output_type") in ("display_data", "execute_result")
-    )
+from tests.support import RecordingView, make_notebooks, notebook_path
 
 
 @pytest.fixture
@@ -138,3 +118,33 @@ def refusals():
         return found
 
     return run
+
+
+@pytest.fixture
+def recording_view(monkeypatch):
+    view = RecordingView()
+    monkeypatch.setattr(helpers.progress, "progress_view",
+                        lambda enabled=None: None if enabled is False else view)
+    return view
+
+
+_RUN: dict = {}
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+    """Run the synthetic gallery once: {"run_dir", "status", "stdout", "seconds"}."""
+    if not _RUN:
+        base = tmp_path_factory.mktemp("synthetic-gallery")
+        notebooks = make_notebooks(base / "notebooks")
+        out = io.StringIO()
+        start = time.perf_counter()
+        # tracking on even where the test command turns it off for the notebooks (GALLERY_TRACKING=off)
+        tracking_on = {tracking.ENV_SWITCH: "on", tracking.ENV_URI: None, "MLFLOW_TRACKING_URI": None}
+        with contextlib.redirect_stdout(out), temporary_environ(tracking_on):
+            status = cli.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
+                                   "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
+        (run_dir,) = (base / "runs").iterdir()
+        _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(),
+                    seconds=time.perf_counter() - start, notebooks=notebooks)
+    return _RUN

@@ -8,12 +8,14 @@ names the entry and the version it was checked against. Ray's entries are skippe
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 from helpers.launch import _compat
+from tests.plugins import nbval_variants, xdist_scopes
 
 LAUNCH = Path(_compat.__file__).parent
 
@@ -23,6 +25,25 @@ def test_private_api_is_where_it_was_checked(api):
     if api.library == "ray" and importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed here")
     assert _compat.resolve(api) is not None
+
+
+@pytest.mark.parametrize("module, name", [*xdist_scopes.PRIVATE_API, *nbval_variants.PRIVATE_API])
+def test_test_plugins_private_api_is_where_it_was_checked(module, name):
+    """tests/plugins lean on pytest-xdist's and nbval's internals; each plugin's docstring says what breaks.
+    """
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    assert value is not None
+
+
+def test_nbval_collector_still_has_a_kernel_attribute():
+    """nbval_variants knows a kernel is about to start from `IPyNbFile.kernel` being None."""
+    import inspect
+
+    from nbval.plugin import IPyNbFile
+
+    assert "self.kernel" in inspect.getsource(IPyNbFile)
 
 
 def test_a_moved_name_fails_loudly_naming_the_checked_version():

@@ -134,18 +134,18 @@ def test_threads_the_user_set_are_kept(tmp_path, monkeypatch, torch_threads):
 
 
 def test_import_helpers_fits_the_threads_in_a_real_quota():
-    """A new interpreter in a real 1-CPU cgroup: torch counts 2+ CPUs; `import helpers` fits it."""
+    """A new interpreter in a real 1-CPU cgroup: torch counts 2+ CPUs; importing the launcher fits it."""
     import subprocess
     import sys
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs or more")
-    from benchmarks.cpu_quota import join, one_cpu_cgroup
+    from tests.support import join, one_cpu_cgroup
 
     group = one_cpu_cgroup()
     if group is None:
         pytest.skip("cannot make a cgroup here (needs root and a writable cpu controller)")
-    code = ("import torch; before = torch.get_num_threads(); import helpers; "
+    code = ("import torch; before = torch.get_num_threads(); import helpers.launch; "
             "print(before, torch.get_num_threads())")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     try:

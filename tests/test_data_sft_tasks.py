@@ -1,4 +1,5 @@
-"""The SFT data builder (helpers.data.sft_tasks) and the offline chat tokenizer (helpers.models.char_tokenizer)."""
+"""The SFT data builder (helpers.data.sft_tasks) and the offline chat tokenizer
+(helpers.models.char_tokenizer)."""
 
 import json
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import NOTEBOOKS
+from tests.support import NOTEBOOKS
 
 ROOT = NOTEBOOKS.parent
 PAGES = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

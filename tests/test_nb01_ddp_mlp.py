@@ -7,7 +7,7 @@ assertions (accuracy, 1-vs-N parity) run inside it; a failing one fails the exec
 
 import pytest
 
-from tests.conftest import stream_text
+from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
 

@@ -8,7 +8,7 @@ unigram baseline, FSDP == DDP, resumed == uninterrupted) run inside it; a failin
 
 import pytest
 
-from tests.conftest import stream_text
+from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
 

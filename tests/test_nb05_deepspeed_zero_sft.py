@@ -9,7 +9,7 @@ A dataset file with a missing field is tested on the validation function itself 
 
 import pytest
 
-from tests.conftest import stream_text
+from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
 

@@ -10,7 +10,7 @@ that must fail before any launch.
 
 import pytest
 
-from tests.conftest import stream_text
+from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
 

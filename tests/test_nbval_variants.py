@@ -65,8 +65,8 @@ def test_nbval_runs_each_notebook_only_under_arithmetic_its_tolerances_were_meas
         missing = _required_variant_names(path.stem) - _measured_variant_names(path.stem)
         assert not missing, (
             f"{path.stem}: nbval runs it under {sorted(missing)}, which its reference run did not measure; "
-            f"change VARIANTS in tests/plugins/nbval_variants.py, or measure them: benchmarks/reference_spread.py "
-            f"{path.stem[:2]} --validate {'+'.join(sorted(missing))} --write")
+            "change VARIANTS in tests/plugins/nbval_variants.py, or measure them: "
+            f"benchmarks/reference_spread.py {path.stem[:2]} --validate {'+'.join(sorted(missing))} --write")
 
 
 def test_an_unmeasured_variant_is_caught(monkeypatch):

@@ -1,7 +1,7 @@
 """Rank 0's progress bar: carried to the launching process and drawn there, never in a worker's log.
 
 The kernel path (a real Jupyter server, display updated in place) is covered in test_interactive_jupyter.py;
-Ray's relay in test_ray_launcher.py. Here: the local launcher's file channel, the switches, the Jupyter
+Ray's relay in test_launch_ray.py. Here: the local launcher's file channel, the switches, the Jupyter
 display rendering, the Lightning and transformers adapters, and the stored notebooks (every bar sits in a
 cell nbval does not compare).
 """
@@ -21,31 +21,9 @@ from helpers import LaunchError, distributed, progress_bar, worker_context
 from helpers.integrations.lightning import lightning_progress_bar
 from helpers.integrations.transformers import transformers_progress_callback
 from helpers.progress import METADATA_KEY, ProgressView, format_bar
+from tests.support import RecordingView
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class RecordingView(ProgressView):
-    """A terminal view that records what it would draw instead of drawing it."""
-
-    def __init__(self) -> None:
-        super().__init__("terminal")
-        self.drawn: list[tuple[float, dict]] = []
-        self.closed = False
-
-    def _show_in_terminal(self, key: str, state: dict) -> None:
-        self.drawn.append((time.monotonic(), state))
-
-    def close(self) -> None:
-        self.closed = True
-
-
-@pytest.fixture
-def recording_view(monkeypatch):
-    view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view",
-                        lambda enabled=None: None if enabled is False else view)
-    return view
 
 
 @distributed(processes=2, device="cpu")

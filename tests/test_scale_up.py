@@ -1,10 +1,10 @@
 """Every notebook's "scale up" command, checked where it is printed and executed on real-shaped stand-ins.
 
-`helpers.gallery.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the notebooks'
-"Scaling up" sections print exactly those sets, read back the way papermill reads a command line (so a list
-passed with `-p` as a string, say, is caught), and that the README's gallery table links each notebook's
-"Scaling up" section, naming the machine the set is meant for. The others execute each
-notebook with its set, on CPU, with these differences only, each named in `RUNS` with its reason:
+`helpers.gallery.scale_up.SCALE_UPS` holds one parameter set per notebook. The first tests prove the
+notebooks' "Scaling up" sections print exactly those sets, read back the way papermill reads a command
+line (so a list passed with `-p` as a string, say, is caught), and that the README's gallery table links each
+notebook's "Scaling up" section, naming the machine the set is meant for. The others execute each notebook
+with its set, on CPU, with these differences only, each named in `RUNS` with its reason:
 
 * stand-ins for what cannot be downloaded or reached here: data folders (COCO 640 x 480 JPEGs, a MovieLens
   folder at the ml-25m shape, FashionMNIST's IDX files at full size), a saved Llama-3.2-shaped model folder,
@@ -29,7 +29,7 @@ import pytest
 from helpers.gallery.execute import notebook_parameters
 from helpers.gallery.notebook_io import record_metadata
 from helpers.gallery.scale_up import SCALE_UPS, cli_parameters, inline, parse_parameters
-from tests.conftest import NOTEBOOKS, display_text, stream_text
+from tests.support import NOTEBOOKS, display_text, stream_text
 
 ROOT = NOTEBOOKS.parent
 
@@ -132,8 +132,8 @@ def _movielens(tmp: Path) -> dict[str, Any]:
 
 
 def _llama(tmp: Path) -> dict[str, Any]:
-    from helpers.models.llama import build_llama_checkpoint
     from helpers.data.sft_tasks import build_sft_tasks
+    from helpers.models.llama import build_llama_checkpoint
 
     chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
     return dict(model_name=str(build_llama_checkpoint(tmp / "llama")), dataset_path=str(chats["train"]),
@@ -162,8 +162,8 @@ def _olmo3(tmp: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, Olmo3Config, Olmo3ForCausalLM
 
-    from helpers.models.llama import build_llama_checkpoint
     from helpers.data.sft_tasks import build_sft_tasks
+    from helpers.models.llama import build_llama_checkpoint
 
     chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
     tokenizer = AutoTokenizer.from_pretrained(build_llama_checkpoint(tmp / "llama"))

@@ -1,4 +1,5 @@
-"""Tests that run Streaming never share the machine with each other on two workers (tests/plugins/xdist_scopes.py)."""
+"""Tests that run Streaming never share the machine with each other on two workers
+(tests/plugins/xdist_scopes.py)."""
 
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def test_the_longest_groups_start_first():
     from tests.plugins.xdist_scopes import start_order
 
     run = "tests/test_scale_up.py::test_02_scale_up_resnet50_on_coco_sized_jpegs"
-    groups = ["tests/test_launcher.py", "notebooks/02_x.ipynb", run, STREAMING]
+    groups = ["tests/test_launch_local.py", "notebooks/02_x.ipynb", run, STREAMING]
     assert sorted(groups, key=start_order) == [STREAMING, "notebooks/02_x.ipynb", run,
-                                               "tests/test_launcher.py"]
+                                               "tests/test_launch_local.py"]
 
 
 def test_two_workers_keep_each_group_on_one_worker(tmp_path):

@@ -32,7 +32,7 @@ from helpers.gallery.execute import execute_notebook, notebook_parameters
 from helpers.gallery.notebook_io import first_error, record_metadata
 from helpers.gallery.report import complete_entry, write_index
 from helpers.metrics import format_metric
-from helpers.paths import NOTEBOOKS_DIR
+from helpers.paths import NOTEBOOKS_DIR, names_notebook
 
 
 @dataclass

@@ -16,13 +16,18 @@ notebooks, each only under variants its reference run measured (so its tolerance
 tests/test_nbval_variants.py holds the table to that). AVX2 goes only to notebooks whose stored run and
 reference run came from an AVX-512 host (so it is another machine's arithmetic for them, and their
 tolerances were measured under it), first of all the longest, 02; the 4 threads go to shorter runs.
-The cost differs a lot on 2 cores:
-a conv net's training step took 0.92-1.44x its native time under AVX2 and 1.45-1.88x under the baseline, and
-2 ranks of 4 threads on 2 cores 1.94-2.39x the time of 2 ranks of 1 (benchmarks/nbval_variant_cost.py, five
-runs on 2026-12-02, 2-core AVX-512 host: noisy, but the order holds in each).
+The cost differs a lot on 2 cores: the baseline instruction set and 4 threads per rank slow a step most
+(benchmarks/nbval_variant_cost.py prints what each variant costs on the machine it runs on).
 
 Each notebook runs once, so this costs no extra run: the variant replaces the plain one. Set
-`NBVAL_VARIANTS=off` to compare under this machine's own kernels. Loaded with `-p tests.plugins.nbval_variants`.
+`NBVAL_VARIANTS=off` to compare under this machine's own kernels. Loaded with
+`-p tests.plugins.nbval_variants`.
+
+Private API (checked against nbval 0.11.0 with pytest 9.2.0; tests/test_compat.py resolves each): a
+notebook's collector is nbval's `IPyNbFile`, and its `kernel` attribute is None until its first cell
+starts the kernel. That is how the hook below knows the kernel is about to start; nbval offers no hook
+for it. If either changes, every notebook runs under this machine's own kernels (the variant is never
+set): `NBVAL_VARIANTS=off` says the same thing openly until the plugin is updated.
 """
 
 from __future__ import annotations
@@ -32,11 +37,11 @@ import re
 
 import pytest
 
-from helpers.env import ISA_AVX2, ISA_BASELINE, with_own_inductor_cache
+from helpers.env import ISA_AVX2, ISA_BASELINE, env_flag, temporary_environ, with_own_inductor_cache
 
 # Notebooks that run torch.compile on CPU. Inductor reads ATEN_CPU_CAPABILITY too, and with "default" (no
-# SIMD) torch 2.14's generated C++ still calls at::vec and fails to build ("'at::vec' has not been declared",
-# notebook 10, 2026-12-02): they must get AVX2.
+# SIMD) torch 2.14's generated C++ still calls at::vec and fails to build ("'at::vec' has not been declared"
+# in notebook 10): they must get AVX2.
 COMPILES = {10}
 
 # notebook number: (instruction set, threads per rank); a notebook not listed gets the baseline and 1 thread
@@ -65,8 +70,12 @@ def variant_for(notebook_stem: str) -> dict[str, str]:
     return with_own_inductor_cache({**isa, "HELPERS_THREADS_PER_PROCESS": str(threads)})
 
 
+# (module, attribute path) of each private name used here, for tests/test_compat.py
+PRIVATE_API = (("nbval.plugin", "IPyNbFile"),)
+
+
 def _enabled() -> bool:
-    return os.environ.get("NBVAL_VARIANTS", "on").strip().lower() not in ("off", "0", "false", "no")
+    return bool(env_flag("NBVAL_VARIANTS", default=True))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -80,17 +89,8 @@ def pytest_runtest_setup(item):
         yield
         return
     stem = os.path.splitext(os.path.basename(str(parent.fspath)))[0]
-    env = variant_for(stem)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with temporary_environ(variant_for(stem)):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def pytest_report_header(config):

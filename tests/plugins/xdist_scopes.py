@@ -15,8 +15,13 @@ Every test gets a group, and a group runs on one worker, start to end:
 
 The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
 the scale-up runs, a minute or two each; then the rest, seconds each), so that no long group starts last,
-on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the Makefile
-does it whenever it runs the tests on more than one worker).
+on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the
+Makefile does it whenever it runs the tests on more than one worker).
+
+Private API (checked against pytest-xdist 3.8.0 with pytest 9.2.0; tests/test_compat.py resolves each):
+`xdist.scheduler.LoadScopeScheduling._split_scope`, the method that maps a node id to its scope, and the
+option `loadscopereorder`, which `--dist loadscope` reads. xdist documents neither as API. If one moves,
+run without the plugin (TEST_WORKERS=0: one process, no xdist) until it is updated.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ STREAMING_TESTS = (
     "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_",
 )
 
+
+# (module, attribute path) of each private name used here, for tests/test_compat.py
+PRIVATE_API = (("xdist.scheduler", "LoadScopeScheduling._split_scope"),
+               ("xdist.scheduler", "LoadScopeScheduling"))
 
 SCALE_UP_RUN = re.compile(r"tests/test_scale_up\.py::test_\d\d_")
 

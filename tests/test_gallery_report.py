@@ -2,7 +2,7 @@
 
 The browser test uses Debian's chromium (installed with apt-get by the test when missing: about 30 s,
 once) driven over the DevTools protocol (websocket-client), on the synthetic gallery run of
-tests/test_gallery.py served by a local http.server.
+tests/test_gallery_runner.py served by a local http.server.
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.gallery import compare, report
 from helpers.gallery import __main__ as cli
-from helpers.gallery import runner as gallery
+from helpers.gallery import compare
 from helpers.gallery.errors import USAGE_ERROR, GalleryError
-from tests.test_gallery import synthetic_run  # noqa: F401  (the shared session fixture)
 
 # --- compare (no kernel) ------------------------------------------------------------------------------
 

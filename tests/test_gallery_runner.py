@@ -1,91 +1,26 @@
 """The gallery runner (helpers.gallery) and its MLflow tracking, on tiny synthetic notebooks.
 
 One synthetic gallery run (two notebooks: the first fails, the second records metrics, a history and a
-figure) is executed once per test session by `synthetic_run` and shared with tests/test_report.py.
+figure) is executed once per test session by `synthetic_run` and shared with tests/test_gallery_report.py.
 Everything else here runs no kernel.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import socket
 import time
 import warnings
-from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 from helpers import tracking
 from helpers.gallery import __main__ as cli
 from helpers.gallery import runner as gallery
-from helpers.env import temporary_environ
 from helpers.gallery.errors import USAGE_ERROR, GalleryError
-
-OK_CODE = """import matplotlib
-matplotlib.use("agg")
-import matplotlib.pyplot as plt
-from helpers import record_metrics
-fig, ax = plt.subplots(figsize=(3, 2))
-ax.plot([1.0 / (i + 1) for i in range(n)], marker="o")
-ax.set_title(f"loss, {label}")
-plt.show()
-print("n is", n)"""
-OK_RECORD = """record_metrics(score=0.5 * scale, final_loss=1.0 / n, processes=1, device="cpu",
-               params=dict(n=n, scale=scale, label=label),
-               history=[{"epoch": i + 1, "loss": 1.0 / (i + 1)} for i in range(n)], figure=fig)"""
-
-
-def _notebook(cells: list) -> nbformat.NotebookNode:
-    return new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-
-
-def make_notebooks(folder: Path) -> Path:
-    """01_fails (raises in its third code cell) and 02_ok (records metrics, a history and a figure)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fails = _notebook([
-        new_markdown_cell("# Fails on purpose"),
-        new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
-        new_code_cell("x = n + 1\nprint('x is', x)"),
-        new_code_cell("raise ValueError(f'broken on purpose, n={n}')"),
-        new_code_cell("print('never reached')"),
-    ])
-    ok = _notebook([
-        new_markdown_cell("# Passes"),
-        new_code_cell("n = 3\nscale = 1.0\nlabel = 'x'", metadata={"tags": ["parameters"]}),
-        new_code_cell(OK_CODE),
-        new_code_cell(OK_RECORD, metadata={"tags": ["nbval-ignore-output"]}),
-    ])
-    nbformat.write(fails, str(folder / "01_fails.ipynb"))
-    nbformat.write(ok, str(folder / "02_ok.ipynb"))
-    nbformat.write(_notebook([new_code_cell("1")]), str(folder / "scratch.ipynb"))  # not numbered: ignored
-    return folder
-
-
-_RUN: dict = {}
-
-
-@pytest.fixture(scope="session")
-def synthetic_run(tmp_path_factory):
-    """Run the synthetic gallery once: {"run_dir", "status", "stdout", "seconds"}."""
-    if not _RUN:
-        base = tmp_path_factory.mktemp("synthetic-gallery")
-        notebooks = make_notebooks(base / "notebooks")
-        out = io.StringIO()
-        start = time.perf_counter()
-        # tracking on even where the test command turns it off for the notebooks (GALLERY_TRACKING=off)
-        tracking_on = {tracking.ENV_SWITCH: "on", tracking.ENV_URI: None, "MLFLOW_TRACKING_URI": None}
-        with contextlib.redirect_stdout(out), temporary_environ(tracking_on):
-            status = cli.main(["--notebooks-dir", str(notebooks), "--runs-dir", str(base / "runs"),
-                                   "-p", "scale=2.0", "-p", "01_fails:n=5", "--timeout", "120"])
-        (run_dir,) = (base / "runs").iterdir()
-        _RUN.update(run_dir=run_dir, status=status, stdout=out.getvalue(),
-                    seconds=time.perf_counter() - start, notebooks=notebooks)
-    return _RUN
+from tests.support import make_notebooks, notebook_of
 
 
 @pytest.fixture
@@ -154,7 +89,7 @@ def test_list_runs_nothing(two_notebooks, tmp_path, capsys):
 
 
 def test_progress_lines(tmp_path):
-    nb = _notebook([new_markdown_cell("# t"), new_code_cell("x = 1\ny = 2"), new_code_cell("")])
+    nb = notebook_of([new_markdown_cell("# t"), new_code_cell("x = 1\ny = 2"), new_code_cell("")])
     out = io.StringIO()
     progress = gallery.CellProgress("[1/1] t", stream=out, tty=False)
     progress.notebook_start(notebook=nb)
@@ -210,7 +145,7 @@ def test_runner_shows_notebook_and_cell(synthetic_run):
     assert "failed in" in out and "ValueError: broken on purpose" in out
 
 
-def test_one_mlflow_run_per_notebook(synthetic_run):
+def test_one_mlflow_run_pernotebook_of(synthetic_run):
     from mlflow import MlflowClient
 
     run_dir = synthetic_run["run_dir"]

@@ -160,7 +160,7 @@ def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
     Rank 0's progress bar travels through the relay actor and is drawn by the driver.
     """
     import helpers.progress
-    from tests.test_progress import RecordingView
+    from tests.support import RecordingView
 
     view = RecordingView()
     monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)

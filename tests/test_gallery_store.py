@@ -1,5 +1,5 @@
-"""`make notebooks` (python -m helpers.gallery --store): a failed run leaves the stored notebook as it was and keeps
-the executed copy, whose outputs say why."""
+"""`make notebooks` (python -m helpers.gallery --store): a failed run leaves the stored notebook as it was and
+keeps the executed copy, whose outputs say why."""
 
 from __future__ import annotations
 
