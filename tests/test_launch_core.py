@@ -198,8 +198,8 @@ def test_an_exception_that_did_not_travel_and_a_killed_rank():
 # -------------------------------------------------------------------------------------- the imports
 
 
-LAYERS = {"_compat": 0, "errors": 0, "options": 0, "forkserver_output": 0, "payload": 1, "local_worker": 2,
-          "local": 3, "ray": 3, "__init__": 4}
+LAYERS = {"_compat": 0, "errors": 0, "options": 0, "forkserver_output": 0, "payload": 1, "ray_session": 1,
+          "local_worker": 2, "local": 3, "ray": 3, "__init__": 4}
 
 
 def _imports(module: str) -> set[str]:
@@ -214,7 +214,120 @@ def _imports(module: str) -> set[str]:
 
 @pytest.mark.parametrize("module", sorted(LAYERS))
 def test_imports_run_one_way(module):
-    """__init__ -> local / ray -> the core (payload -> options, errors, _compat); never back up."""
+    """__init__ -> local / ray -> the core (payload, ray_session -> options, errors, _compat); never up."""
     assert {p.stem for p in LAUNCH.glob("*.py")} == set(LAYERS), "a new module needs a layer here"
     upward = {m for m in _imports(module) if LAYERS[m] >= LAYERS[module]}
     assert not upward, f"{module} imports {upward}, which sit at its level or above"
+
+
+# ------------------------------------------------------------------------------ the whole package
+
+HELPERS = LAUNCH.parent
+# Which subsystem may import which: the launcher, the gallery runner and the integrations sit above the
+# shared modules; the launcher never reaches up into the gallery, the integrations or the data builders.
+NEVER = {"launch": {"gallery", "integrations", "data", "models"},
+         "progress": {"launch", "gallery", "integrations"},
+         "data": {"launch", "gallery", "integrations"},
+         "models": {"launch", "gallery", "integrations"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(HELPERS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each helpers module -> the helpers modules it imports (at any depth in its body)."""
+    modules = {_module_name(p): p for p in HELPERS.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base])
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in modules else base)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return found
+
+
+def test_no_import_cycle_in_the_package():
+    """Module-level and function-level imports alike: a cycle hidden in a function is still a tangle."""
+    graph = package_imports()
+    graph = {k: {m for m in v if m != "helpers"} for k, v in graph.items()}  # `helpers` itself: the lazy API
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert not _cycles({"a": {"b"}, "b": {"c"}, "c": set()})
+
+
+def test_subsystems_import_one_way():
+    """gallery/ may import launch/; launch/ never imports gallery/, integrations/, data/ or models/."""
+    wrong = {}
+    for module, imported in package_imports().items():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in NEVER:
+            continue
+        bad = {m for m in imported if len(m.split(".")) > 1 and m.split(".")[1] in NEVER[parts[1]]}
+        if bad:
+            wrong[module] = bad
+    assert not wrong, wrong
+
+
+def test_the_lazy_api_imports_every_public_name():
+    import helpers
+
+    for name in helpers.__all__:
+        assert getattr(helpers, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        helpers.nothing_here  # noqa: B018
+
+
+def test_import_helpers_imports_no_torch_and_changes_nothing():
+    """`python -X importtime -c "import helpers"` lists no torch, and the process keeps torch's defaults."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import helpers, logging; "
+                          "print(logging.getLogger('torch.utils._pytree').filters)"],
+                         capture_output=True, text=True, check=True)
+    imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line]
+    assert not [m for m in imported if m.split(".")[0] == "torch"], "import helpers imported torch"
+    assert out.stdout.strip() == "[]", "import helpers installed log filters"
+
+
+def test_gallery_list_imports_no_torch():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "helpers.gallery", "--list"],
+                         capture_output=True, text=True, check=True)
+    imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line]
+    assert "01_ddp_mlp" in out.stdout
+    assert "torch" not in imported, "python -m helpers.gallery --list imported torch"
