@@ -109,6 +109,13 @@ MUTATIONS = [
              "cfg[\"strategy\"] == \"ddp\"",
              "                keep_local = False",
              r"no_sync did not skip the all-reduces", _NB10_SMALL, slow=True),
+    Mutation("10_fast_and_elastic", "no_sync on the first micro-batch only: fewer all-reduces than naive, "
+             "more than one piece",
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and not last and "
+             "cfg[\"strategy\"] == \"ddp\"",
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and i == 0 and not last and "
+             "cfg[\"strategy\"] == \"ddp\"",
+             r"no_sync did not skip the all-reduces", _NB10_SMALL, slow=True),
     Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
              "        model.module.load_state_dict(state[\"model\"])\n"
              "        optimizer.load_state_dict(state[\"optimizer\"])\n"

@@ -1,9 +1,10 @@
 """Notebook 10 refuses bad parameters before any process starts.
 
-The defaults are nbval's run; the "Scaling up" set (the 10M model, 8 micro-batches, resumed on 4 and 8 ranks)
+The defaults are nbval's run; the "Scaling up" set (the 10M model, 8 micro-batches, resumed on 1 and 4 ranks)
 is its other-parameter run, in tests/test_scale_up.py. The notebook's own checks (accumulation parity,
 all-reduce counts, resumed = uninterrupted) run inside those; tests/test_check_mutations.py proves that the
-parity check catches an accumulation that forgets to divide the loss.
+parity check catches an accumulation that forgets to divide the loss, and the all-reduce count a no_sync left
+out or wrapped around only some of the micro-batches.
 """
 
 import pytest

@@ -65,7 +65,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "output_dir": "/models/olmo-3-7b-qlora"}),
     ScaleUp("10_fast_and_elastic", "on 8 GPUs", {
         "preset": "10M", "steps": 200, "batch_size": 256, "micro_batches": 8, "lr": 0.02, "straggler_ms": 0,
-        "resume_world_sizes": [4, 8], "run_dir": "/shared/nb10"}),
+        "resume_world_sizes": [1, 4], "run_dir": "/shared/nb10"}),
 ]}
 
 
