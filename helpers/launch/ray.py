@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,26 @@ def _take_datasets(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, An
     return new_args, new_kwargs, datasets
 
 
+def _import_ray() -> Any:
+    """Import Ray and Ray Train without the two notes they print in a notebook that lacks ipywidgets.
+
+    tqdm (imported by Ray) warns "IProgress not found", and `ray.widgets` logs "Missing packages:
+    ['ipywidgets']", both about widgets that only Ray's own reprs and bars would use; the launcher draws
+    rank 0's bar without widgets, so the notes ask a reader for a package nothing they run needs.
+    """
+    widgets = logging.getLogger("ray.widgets.util")
+    level = widgets.level
+    widgets.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            import ray
+            import ray.train.torch  # noqa: F401  (its trainers check for widgets as they are defined)
+    finally:
+        widgets.setLevel(level)
+    return ray
+
+
 @contextlib.contextmanager
 def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool = False,
                 log_to_driver: bool = False, worker_log_level: str = "ERROR",
@@ -255,8 +276,7 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     of a worker whose peer was killed on purpose out of the cell; a failed run still raises on the driver),
     and `raylet_notices=False` drops the raylet's reports of dead workers, which name ids and addresses.
     """
-    import ray
-
+    ray = _import_ray()
     if ray.is_initialized():
         yield ray
         return
