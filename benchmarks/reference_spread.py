@@ -10,7 +10,8 @@ the noise of training, but not the lesson:
   seedN         another seed: other data, data order and initial weights
   a+b           both (e.g. isa+threads4, what nbval gives notebook 01 in `make test`)
 
-Three modes, each for the notebooks named (01, 02_ddp_retinanet, ...):
+Three modes, each for the notebooks named (01, 02_ddp_retinanet, ...), or for every notebook with a reference
+file when none is named:
 
   --fit V1,V2,...    run the variants, add the runs the reference file already holds (from other machines;
                      --fresh drops them), and fit: each statistic (a number; a curve's mean and the mean of
@@ -135,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from helpers.gallery.runner import discover
 
-    notebooks = discover(args.notebooks or [])
+    # none named: every notebook with a reference file (00, the launcher's tour, trains nothing and has none)
+    notebooks = discover(args.notebooks) if args.notebooks else [
+        nb for nb in discover([]) if (REFERENCES_DIR / f"{nb.stem}.json").exists()]
     if args.table:
         text, ok = validation_table([nb.stem for nb in notebooks])
         print(text)

@@ -17,6 +17,7 @@ class WorkerContext:
     local_world_size: int
     backend: str
     device: str  # "cuda:<local_rank>" or "cpu"
+    attempt: int = 0  # 0, then 1, 2... when max_restarts restarted the group (TORCHELASTIC_RESTART_COUNT)
 
     @property
     def is_main(self) -> bool:
@@ -27,7 +28,9 @@ def worker_context() -> WorkerContext:
     """This rank's place in the job: works under our launcher, torchrun, or in-process (rank 0 of 1).
 
     The backend is the launcher's choice (nccl with one GPU per rank, gloo on CPU) unless overridden,
-    so a notebook can pass `ctx.backend` and `ctx.device` to the real torch calls it makes.
+    so a notebook can pass `ctx.backend` and `ctx.device` to the real torch calls it makes. `attempt`
+    says which run of the group this is after `max_restarts` restarted it (both backends set torch
+    elastic's `TORCHELASTIC_RESTART_COUNT`), so a rank can resume instead of starting over.
     """
     import torch
 
@@ -41,4 +44,5 @@ def worker_context() -> WorkerContext:
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         backend=backend,
         device=device,
+        attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
     )

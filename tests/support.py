@@ -15,6 +15,15 @@ from helpers.progress import ProgressView
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+# The notebooks that train no model: the launcher's tour. Every other notebook trains one, and so takes
+# `precision`, checks its result against reference runs (notebooks/references/) and has a GPU check
+# (tools/gpu_check.py); the tests that hold notebooks to those rules take them from training_notebooks().
+TRAINS_NOTHING = frozenset({"00_getting_started"})
+
+
+def training_notebooks() -> list[Path]:
+    """Every notebook in notebooks/ that trains a model, in name order (all but TRAINS_NOTHING)."""
+    return [p for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")) if p.stem not in TRAINS_NOTHING]
 
 
 def notebook_path(stem: str) -> Path:

@@ -39,6 +39,10 @@ class Mutation:
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
 MUTATIONS = [
+    Mutation("00_getting_started", "an all_reduce that is never called",
+             "    dist.all_reduce(value)   # the default operation: the sum over every rank",
+             "    pass",
+             r"all_reduce did not sum over the ranks", slow=True),
     Mutation("01_ddp_mlp", "the ranks' gradients summed instead of averaged",
              "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
              "            scaler.scale(loss * ctx.world_size).backward()",

@@ -7,6 +7,7 @@ import pytest
 
 from helpers.gallery.execute import notebook_parameters
 from helpers.paths import NOTEBOOKS_DIR
+from tests.support import TRAINS_NOTHING
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
@@ -51,11 +52,15 @@ def test_step_cap_is_checked_before_the_first_launch(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_shared_parameter_names(path):
-    """Parameters of the same kind have the same name everywhere: every notebook trains on GPUs when there are
-    some, so each takes `precision` ("auto" by default); the input data folder, where there is one, is
-    `data_dir`, and outputs are never called that."""
+    """Parameters of the same kind have the same name everywhere: every notebook that trains does so on GPUs
+    when there are some, so each takes `precision` ("auto" by default), and one that trains nothing takes no
+    `precision` it would ignore; the input data folder, where there is one, is `data_dir`, and outputs are
+    never called that."""
     params = notebook_parameters(path)
-    assert params.get("precision", "missing") == "auto", "every notebook takes precision='auto'"
+    if path.stem in TRAINS_NOTHING:
+        assert "precision" not in params, f"{path.stem} trains nothing: its precision would do nothing"
+    else:
+        assert params.get("precision", "missing") == "auto", "every training notebook takes precision='auto'"
     for name in params:
         if name.endswith("_csv") or name == "ratings_path":
             pytest.fail(f"{name}: a notebook reads its input from data_dir (a folder), not a file parameter")
@@ -75,6 +80,10 @@ def test_the_rules_above_can_fail(tmp_path):
     nbformat.write(nb, str(path))
     with pytest.raises(pytest.fail.Exception, match="ratings_csv"):
         test_shared_parameter_names(path)
+    tour = tmp_path / "00_getting_started.ipynb"   # a notebook that trains nothing, with a precision
+    nbformat.write(nb, str(tour))
+    with pytest.raises(AssertionError, match="trains nothing"):
+        test_shared_parameter_names(tour)
     # check_max_steps called, but after the launch
     nb.cells = [cell, nbformat.v4.new_code_cell("results = train.distributed(cfg)"),
                 nbformat.v4.new_code_cell("check_max_steps(max_steps)")]

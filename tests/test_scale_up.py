@@ -58,6 +58,24 @@ def _readme_scale_up_cell(stem: str) -> str:
     return rows[0].rstrip(" |").rsplit(" | ", 1)[1]
 
 
+def _gallery_rows(text: str) -> list[str]:
+    """The notebooks the README's gallery table links in its first column, in its order."""
+    table = text.split("<!-- gallery-table -->")[1].split("<!-- /gallery-table -->")[0]
+    return re.findall(r"^\| \[[^\]]+\]\(notebooks/(\d\d_\w+)\.ipynb\)", table, re.M)
+
+
+def test_readme_has_one_row_per_notebook():
+    """Every notebook in notebooks/ has its row in the gallery table, in order; no row names another."""
+    notebooks = [p.stem for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
+    assert _gallery_rows((ROOT / "README.md").read_text()) == notebooks, (
+        "README: the gallery table should have one row per notebook, in order")
+    tour = _readme_scale_up_cell("00_getting_started")   # it scales nothing: its column links the map
+    assert tour == "[where to go next](notebooks/00_getting_started.ipynb#Where-to-go-next)", tour
+    assert _heading_anchors("00_getting_started")["Where-to-go-next"] == "Where to go next"
+    missing = "<!-- gallery-table -->\n| [01 DDP](notebooks/01_ddp_mlp.ipynb) | x |\n<!-- /gallery-table -->"
+    assert _gallery_rows(missing) == ["01_ddp_mlp"] != notebooks   # the comparison sees a missing row
+
+
 def _heading_anchors(stem: str) -> dict[str, str]:
     """Every heading of the notebook's markdown, by the anchor Jupyter gives it (JupyterLab, nbconvert and
     nbviewer: the heading's text with spaces turned into hyphens)."""

@@ -15,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,21 @@ from helpers.cpus import usable_cpus
 from helpers.env import temporary_environ
 from helpers.launch import _compat
 from helpers.launch.options import LaunchError
+from helpers.logs import quieted
+
+
+def import_ray() -> Any:
+    """Import Ray and Ray Train without the two notes they print in a notebook that lacks ipywidgets.
+
+    tqdm (imported by Ray) warns "IProgress not found", and `ray.widgets` logs "Missing packages:
+    ['ipywidgets']", both about widgets that only Ray's own reprs and bars would use; the launcher draws
+    rank 0's bar without widgets, so the notes ask a reader for a package nothing they run needs.
+    """
+    with quieted(("ray.widgets.util",), logging.WARNING), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import ray
+        import ray.train.torch  # noqa: F401  (its trainers check for widgets as they are defined)
+    return ray
 
 
 @contextlib.contextmanager
@@ -42,8 +58,7 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     of a worker whose peer was killed on purpose out of the cell; a failed run still raises on the driver),
     and `raylet_notices=False` drops the raylet's reports of dead workers, which name ids and addresses.
     """
-    import ray
-
+    ray = import_ray()
     if ray.is_initialized():
         yield ray
         return
