@@ -106,7 +106,7 @@ def replace_section(page: str, start: str, end: str, body: str, heading: str) ->
     if (count_start, count_end) == (0, 0):
         return page.rstrip("\n") + f"\n\n{heading}\n\n{start}\n{body.strip()}\n{end}\n"
     if (count_start, count_end) != (1, 1) or page.index(start) > page.index(end):
-        raise ValueError(f"{PAGE.relative_to(ROOT)}: expected one {start} before one {end}, found "
+        raise ValueError(f"the page: expected one {start} before one {end}, found "
                          f"{count_start} and {count_end}; repair the page by hand (git diff shows the edit).")
     head, rest = page.split(start)
     return f"{head}{start}\n{body.strip()}\n{end}{rest.split(end, 1)[1]}"
@@ -195,6 +195,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="rewrite only the notebook run times (no benchmark runs)")
     parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                         help='options for one script, e.g. "launch_latency=--runs 3" (repeatable)')
+    parser.add_argument("--page", help="the page to write instead of docs/benchmarks.md (a copy, to try a "
+                        "script without publishing its figures)")
     args = parser.parse_args(argv)
     names = ([] if args.notebook_times else list(QUICK + SLOW) if args.all
              else [n.strip().removesuffix(".py") for n in args.only.split(",") if n.strip()] if args.only
@@ -245,10 +247,10 @@ def page_problems(page: str, notebooks: Path = NOTEBOOKS) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    page = PAGE.read_text()
-    page = replace_section(page, *NOTEBOOK_TIMES, notebook_times_table(), "## Notebook run times")
-    PAGE.write_text(page)
-    print(f"wrote the notebook run times into {PAGE.relative_to(ROOT)}")
+    target = Path(args.page) if args.page else PAGE
+    times = notebook_times_table()
+    target.write_text(replace_section(target.read_text(), *NOTEBOOK_TIMES, times, "## Notebook run times"))
+    print(f"wrote the notebook run times into {target}")
     failed = []
     machine = machine_line() if args.names else ""
     with tempfile.TemporaryDirectory(prefix="bench-docs-") as folder:
@@ -257,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             if report is None:
                 failed.append(f"{name} (exit status {status}, no report: its section keeps what it held)")
                 continue
-            page = replace_section(PAGE.read_text(), *markers(name),
+            page = replace_section(target.read_text(), *markers(name),
                                    benchmark_section(report, status, ran, machine), f"### {name}.py")
-            PAGE.write_text(page)  # after each script: an interrupted run keeps what it measured
-            print(f"wrote {name}.py's table into {PAGE.relative_to(ROOT)}")
+            target.write_text(page)  # after each script: an interrupted run keeps what it measured
+            print(f"wrote {name}.py's table into {target}")
             if status:
                 failed.append(f"{name} (exit status {status})")
     if failed:
