@@ -80,16 +80,17 @@ nbval: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) $(NBVAL) notebooks $(ARGS)
 
 ## notebooks: re-execute notebooks at their defaults and store the outputs (NB="notebooks/01_ddp_mlp.ipynb")
-# Stored outputs are the CPU reference path, whatever the machine has.
+# Stored outputs are the CPU reference path, whatever the machine has; docs/benchmarks.md's notebook run times
+# are then read from them again.
 NB ?= $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 notebooks: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m helpers.gallery --store $(NB)
+	$(BIN)/python benchmarks/write_docs.py --notebook-times
 
-## bench: launch latency, progress-bar overhead and launcher throughput (docs/benchmarks.md: the others)
+## bench: launch latency, progress-bar overhead, launcher throughput into docs/benchmarks.md (ARGS=--all)
+# benchmarks/write_docs.py: also rewrites the page's notebook run times; ARGS="--only rank_gc" runs another.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/launch_latency.py
-	$(BIN)/python benchmarks/progress_overhead.py
-	$(BIN)/python benchmarks/launcher_throughput.py
+	$(BIN)/python benchmarks/write_docs.py $(ARGS)
 
 ## gpu-bundle: download the wheels the GPU machine lacks into gpu-bundle/ (tools/gpu_bundle.py; needs PyPI)
 gpu-bundle: $(STAMP)

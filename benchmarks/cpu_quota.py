@@ -1,21 +1,23 @@
-"""What too many threads on too few CPUs cost: the old thread rule, and torch's own count, in a container.
+"""What too many threads on too few CPUs cost: a thread count from the host's CPUs, and torch's own count,
+in a container.
 
-A container limited to 2 CPUs still sees all of its host's CPUs in `os.cpu_count()`. The launcher once gave
-each of 2 CPU ranks `os.cpu_count() // 2` threads: on a host of 8 CPUs, 4 threads per rank on 2 CPUs' worth
-of time. It now counts the affinity mask and the cgroup quota (helpers/cpus.py). torch's own default for a
-process (a notebook kernel) counts the affinity mask but not the quota; `import helpers` fits it
-(`helpers.cpus.fit_torch_threads`). This prints, on this machine:
+A container limited to 2 CPUs still sees all of its host's CPUs in `os.cpu_count()`. A launcher that gives
+each of 2 CPU ranks `os.cpu_count() // 2` threads gives them, on a host of 8 CPUs, 4 threads per rank on 2
+CPUs' worth of time; the launcher counts the affinity mask and the cgroup quota instead (helpers/cpus.py).
+torch's own default for a process (a notebook kernel) counts the affinity mask but not the quota; `import
+helpers` fits it (`helpers.cpus.fit_torch_threads`). This prints, on this machine:
 
 * one conv-net training step (02's backbone, 4 images of 96 px) in 2 processes at once, with 1, 4 and 16
-  threads each: what the old rule gave in a 2-CPU container on hosts of 2, 8 and 32 CPUs;
+  threads each: what `os.cpu_count() // 2` gives in a 2-CPU container on hosts of 2, 8 and 32 CPUs;
 * where a cgroup can be made (root, a writable cpu controller): the same step in one process inside a
   1-CPU quota, with torch's own thread count and after `import helpers`.
 
-    python benchmarks/cpu_quota.py
+    python benchmarks/cpu_quota.py [--markdown FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -53,23 +55,33 @@ def in_group(group: Path, mode: str) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
+    args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0))
-    print(f"{cpus} CPUs here. Conv-net step, 2 processes at once:")
+    lines = [f"Conv-net step, 2 processes at once, {cpus} CPUs here.", "",
+             "| threads each | ms a step, process 1 | ms a step, process 2 | / 1 thread each |",
+             "|---:|---:|---:|---:|"]
     base = None
     for threads in (1, 4, 16):
         ms = pair(threads)
         base = base or sum(ms) / 2
-        print(f"  {threads:2d} threads each: {ms[0]:7.1f} / {ms[1]:7.1f} ms  ({sum(ms) / 2 / base:.1f}x)")
+        lines.append(f"| {threads} | {ms[0]:.1f} | {ms[1]:.1f} | {sum(ms) / 2 / base:.1f}x |")
     group = one_cpu_cgroup() if cpus >= 2 else None
     if group is None:
-        print("no 1-CPU cgroup could be made here (needs root, a writable cpu controller and 2+ CPUs)")
-        return
-    try:
-        own, fitted = in_group(group, "torch"), in_group(group, "helpers")
-    finally:
-        group.rmdir()
-    print(f"Conv-net step, one process in a 1-CPU quota: torch's own {cpus} threads {own:.1f} ms, "
-          f"after import helpers (1 thread) {fitted:.1f} ms ({own / fitted:.1f}x)")
+        lines += ["", "No 1-CPU cgroup could be made here (that takes root, a cpu controller, 2+ CPUs)."]
+    else:
+        try:
+            own, fitted = in_group(group, "torch"), in_group(group, "helpers")
+        finally:
+            group.rmdir()
+        lines += ["", "Conv-net step, one process in a 1-CPU quota:", "",
+                  "| threads | ms a step | / after import helpers |", "|---|---:|---:|",
+                  f"| torch's own ({cpus}) | {own:.1f} | {own / fitted:.1f}x |",
+                  f"| after import helpers (1) | {fitted:.1f} | 1.0x |"]
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

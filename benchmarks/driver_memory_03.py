@@ -1,13 +1,13 @@
 """Notebook 03's driver memory at three data shapes: it must not grow with users x movies.
 
-The evaluation once built dense users x movies masks (10 GB each at the ml-25m shape) and a dense score
-matrix on the driver (40 GB). Now it samples `eval_users` users and scores them in chunks with sparse
-seen/held sets. This runs the notebook at the default 1k-user shape, a 25k-user shape and the ml-25m shape
-(162,541 users x 59,047 movies; fewer ratings than the real 25M), with the scale-up parameters
-(helpers.gallery.scale_up) for the two larger ones and a step cap, and prints the kernel's peak resident
-memory (`driver_peak_rss_mb`, recorded by the notebook) with the wall time.
+The evaluation samples `eval_users` users and scores them in chunks with sparse seen/held sets: dense users
+x movies masks would take 10 GB each at the ml-25m shape, and a dense score matrix 40 GB. This runs the
+notebook at the default 1k-user shape, a 25k-user shape and the ml-25m shape (162,541 users x 59,047 movies;
+fewer ratings than the real 25M), with the scale-up parameters (helpers.gallery.scale_up) for the two larger
+ones and a step cap, and prints the kernel's peak resident memory (`driver_peak_rss_mb`, recorded by the
+notebook) with the wall time.
 
-    .venv/bin/python benchmarks/driver_memory_03.py [--shapes 1k,25k,ml-25m] [--limit-mb 4096]
+    .venv/bin/python benchmarks/driver_memory_03.py [--shapes 1k,25k,ml-25m] [--limit-mb 4096] [--markdown F]
 
 Exit status 1 if the ml-25m shape's driver peaks above the limit (4 GB by default).
 """
@@ -52,6 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--limit-mb", type=float, default=4096.0)
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
@@ -60,10 +61,14 @@ def main() -> int:
     os.environ.setdefault("GALLERY_TRACKING", "off")
     with tempfile.TemporaryDirectory(prefix="driver-memory-") as tmp:
         rows = [run_shape(shape, Path(tmp)) for shape in shapes]
-    print(f"{'shape':>8} {'users x movies':>18} {'driver peak RSS':>16} {'wall':>8}")
+    lines = [f"Notebook 03 with a step cap ({', '.join(f'{k}={v}' for k, v in CAP.items())}).", "",
+             "| shape | users x movies | driver peak RSS (MB) | wall (s) |", "|---|---:|---:|---:|"]
     for row in rows:
         dims = "1,000 x 500" if SHAPES[row["shape"]] is None else "{:,} x {:,}".format(*SHAPES[row["shape"]])
-        print(f"{row['shape']:>8} {dims:>18} {row['peak_mb']:>13,.0f} MB {row['seconds']:>7.0f}s")
+        lines.append(f"| {row['shape']} | {dims} | {row['peak_mb']:,.0f} | {row['seconds']:.0f} |")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
     over = [r for r in rows if r["shape"] == "ml-25m" and r["peak_mb"] > args.limit_mb]
     if over:
         print(f"the driver peaked above {args.limit_mb:,.0f} MB at the ml-25m shape", file=sys.stderr)

@@ -7,7 +7,7 @@ would have after its imports cell; for torchrun, the command is started from scr
 from a cell is). Warm = a later launch in the same interpreter (torchrun has no warm state: every
 launch is a new command). Medians over several runs.
 
-    python benchmarks/launch_latency.py [--runs 5]
+    python benchmarks/launch_latency.py [--runs 5] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args()
-    rows = []
+    rows, notes = [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         h_cold, h_warm = measure_helpers(args.runs, tmp)
@@ -131,16 +132,21 @@ def main() -> None:
                          statistics.median(a_warm)))
         except Exception as e:  # keep the other figures if accelerate refuses this machine
             print(f"accelerate.notebook_launcher could not be measured: {str(e)[-500:]}", file=sys.stderr)
+            notes.append("accelerate.notebook_launcher could not be measured here (its error: stderr).")
         t = statistics.median(measure_torchrun(args.runs, tmp))
         rows.append(("torchrun (new command each time)", t, t))
-    print(f"\nTime to the first line of every rank, {PROCESSES} CPU processes, median of {args.runs} runs\n")
-    print(f"| {'launcher':<34} | {'cold (s)':>9} | {'warm (s)':>9} |")
-    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 11}|")
-    for name, cold, warm in rows:
-        print(f"| {name:<34} | {cold:>9.3f} | {warm:>9.3f} |")
+    lines = [f"Time to the first line of every rank, {PROCESSES} CPU processes, median of {args.runs} runs.",
+             "",
+             f"| {'launcher':<34} | {'cold (s)':>9} | {'warm (s)':>9} |",
+             f"|{'-' * 36}|{'-' * 10}:|{'-' * 10}:|"]
+    lines += [f"| {name:<34} | {cold:>9.3f} | {warm:>9.3f} |" for name, cold, warm in rows]
     torchrun_time = rows[-1][1]
-    print(f"\nhelpers warm / torchrun: {rows[0][2] / torchrun_time:.3f} (target <= 0.1); "
-          f"helpers cold / torchrun: {rows[0][1] / torchrun_time:.2f} (target <= 1)")
+    lines += ["", f"helpers warm / torchrun: {rows[0][2] / torchrun_time:.3f} (target <= 0.1); "
+                  f"helpers cold / torchrun: {rows[0][1] / torchrun_time:.2f} (target <= 1).", *notes]
+    report = "\n".join(lines)
+    print("\n" + report)
+    if args.markdown:
+        Path(args.markdown).write_text(report + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ costs are left out: what is compared is what a launcher costs a running training
 its progress relay, the threads it gives each rank). Launchers take turns, round after round, and each
 figure is the median over the rounds, so a machine that gets busier for a while slows all of them.
 
-    python benchmarks/launcher_throughput.py [--rounds 5] [--steps 300] [--no-ray]
+    python benchmarks/launcher_throughput.py [--rounds 5] [--steps 300] [--no-ray] [--markdown FILE]
 
 The ratios printed last are steps/s of each launcher over torchrun's, measured in this one run; the
 local launcher should stay at 0.97 or more.
@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--no-ray", action="store_true", help="leave the Ray launcher out")
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -135,18 +136,25 @@ def main() -> None:
     median = {name: {kind: statistics.median(r[kind] for r in runs) for kind in ("median", "total")}
               for name, runs in rates.items()}
     base = median["torchrun"]
-    print(f"\nDDP training loop, {PROCESSES} CPU processes (gloo), {args.steps} timed steps, median of "
-          f"{args.rounds} rounds; torchrun's OMP_WAIT_POLICY: {SHELL_ENV.get('OMP_WAIT_POLICY', 'unset')}\n")
-    print(f"| {'launcher':<34} | {'steps/s (median step)':>21} | {'/ torchrun':>10} | "
-          f"{'steps/s (total time)':>20} | {'/ torchrun':>10} |")
-    print(f"|{'-' * 36}|{'-' * 23}|{'-' * 12}|{'-' * 22}|{'-' * 12}|")
+    wait_policy = SHELL_ENV.get("OMP_WAIT_POLICY", "unset")
+    lines = [f"DDP training loop, {PROCESSES} CPU processes (gloo), {args.steps} timed steps, median of "
+             f"{args.rounds} rounds; torchrun's OMP_WAIT_POLICY: {wait_policy}.", "",
+             f"| {'launcher':<34} | {'steps/s (median step)':>21} | {'/ torchrun':>10} | "
+             f"{'steps/s (total time)':>20} | {'/ torchrun':>10} |",
+             f"|{'-' * 36}|{'-' * 22}:|{'-' * 11}:|{'-' * 21}:|{'-' * 11}:|"]
     for name, m in median.items():
-        print(f"| {name:<34} | {m['median']:>21.1f} | {m['median'] / base['median']:>10.3f} | "
-              f"{m['total']:>20.1f} | {m['total'] / base['total']:>10.3f} |")
+        lines.append(f"| {name:<34} | {m['median']:>21.1f} | {m['median'] / base['median']:>10.3f} | "
+                     f"{m['total']:>20.1f} | {m['total'] / base['total']:>10.3f} |")
+    lines.append("")
     for name, m in median.items():
         if name != "torchrun":
-            print(f"{name} / torchrun: {m['median'] / base['median']:.3f} (median step; target for the "
-                  f"local launcher >= 0.97)")
+            lines.append(f"- {name} / torchrun: {m['median'] / base['median']:.3f} (median step; target "
+                         f"for the local launcher >= 0.97)")
+    report = "\n".join(lines).rstrip()
+    print("\n" + report)
+    if args.markdown:
+        Path(args.markdown).write_text(report + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,13 @@
 """Notebook 02's mAP with torchmetrics' two COCO backends: time per evaluation, and the same numbers.
 
 02 evaluates its 64 validation images nine times a run (before training and after each epoch), and every
-rank computes the gathered metric. With pycocotools (Python loops) that was 1.1-1.4 s each time; 02 now
-uses `backend="faster_coco_eval"` (C++). This builds 02's validation set (`build_coco_shapes`, the
+rank computes the gathered metric, so the backend's speed counts: 02 uses `backend="faster_coco_eval"`
+(C++) rather than pycocotools (Python loops). This builds 02's validation set (`build_coco_shapes`, the
 notebook's defaults) and detections shaped like a RetinaNet's at `score_thresh=0.01` (~300 boxes an image:
 each true box found with some pixels of error, the rest spread over the image, 4 classes), then times
 `MeanAveragePrecision(iou_type="bbox", class_metrics=True).compute()` with each backend on one thread.
 
-    .venv/bin/python benchmarks/map_backends.py [--repeats 5] [--detections 300]
+    .venv/bin/python benchmarks/map_backends.py [--repeats 5] [--detections 300] [--markdown FILE]
 
 Exit status 1 if the backends disagree on any reported value (mAP, mAP@0.5, mAP@0.75, per class).
 """
@@ -62,6 +62,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--detections", type=int, default=300, help="predicted boxes per image")
     parser.add_argument("--val-images", type=int, default=64)
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning, module="torchmetrics")
     torch.set_num_threads(1)
@@ -80,19 +81,22 @@ def main() -> int:
             times.append(time.perf_counter() - start)
         results[backend] = {k: result[k].tolist() for k in KEYS}
         seconds[backend] = sorted(times)
-    print(f"{args.val_images} images, {args.detections} detections each, class_metrics=True, 1 thread, "
-          f"{args.repeats} repeats")
+    lines = [f"{args.val_images} images, {args.detections} detections each, class_metrics=True, 1 thread, "
+             f"{args.repeats} repeats.", "",
+             "| backend | median (s) | min (s) | max (s) | mAP@0.5 |", "|---|---:|---:|---:|---:|"]
     for backend in BACKENDS:
         t = seconds[backend]
-        print(f"  {backend:17s} median {t[len(t) // 2]:.3f} s  (min {t[0]:.3f}, max {t[-1]:.3f})  "
-              f"mAP@0.5 {results[backend]['map_50']:.6f}")
+        lines.append(f"| {backend} | {t[len(t) // 2]:.3f} | {t[0]:.3f} | {t[-1]:.3f} | "
+                     f"{results[backend]['map_50']:.6f} |")
     ratio = seconds["pycocotools"][args.repeats // 2] / seconds["faster_coco_eval"][args.repeats // 2]
-    print(f"  faster_coco_eval takes 1/{ratio:.1f} of pycocotools' time")
-    if results["pycocotools"] != results["faster_coco_eval"]:
-        print(f"the backends disagree: {results}")
-        return 1
-    print("  the same values from both: " + ", ".join(KEYS))
-    return 0
+    lines += ["", f"faster_coco_eval takes 1/{ratio:.1f} of pycocotools' time."]
+    same = results["pycocotools"] == results["faster_coco_eval"]
+    lines.append("The same values from both: " + ", ".join(KEYS) + "." if same
+                 else f"The backends disagree: {results}")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ given to the notebooks where they cost least:
   machine's kernels, AVX2, and the no-SIMD baseline, 1 thread;
 * an MLP step in 2 processes at once (2 ranks), each with 1 and with 4 intra-op threads.
 
-    python benchmarks/nbval_variant_cost.py
+    python benchmarks/nbval_variant_cost.py [--markdown FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -50,21 +51,29 @@ def run(code: str, env: dict[str, str], *args: str) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
+    args = parser.parse_args()
     base = {"OMP_WAIT_POLICY": "PASSIVE"}
     native = None
-    print("conv net step (MobileNetV3, 4 x 96 px, 1 thread):")
+    lines = ["Conv net step (MobileNetV3, 4 x 96 px, 1 thread):", "",
+             "| kernels | ms a step | / native |", "|---|---:|---:|"]
     for name, env in ISAS.items():
         ms = run(CONV, {**base, **env}, "1")
         native = native or ms
-        print(f"  {name:9s} {ms:7.1f} ms  ({ms / native:.2f}x native)")
-    print("MLP step, 2 processes at once:")
+        lines.append(f"| {name} | {ms:.1f} | {ms / native:.2f}x |")
+    lines += ["", "MLP step, 2 processes at once (the slower of the two):", "",
+              "| threads per process | ms a step | / 1 thread |", "|---:|---:|---:|"]
     one = None
     for threads in ("1", "4"):
         procs = [subprocess.Popen([sys.executable, "-c", MLP, threads], env={**os.environ, **base},
                                   stdout=subprocess.PIPE, text=True) for _ in range(2)]
         ms = max(float(p.communicate()[0].strip()) for p in procs)
         one = one or ms
-        print(f"  {threads} thread(s) per process {ms:6.2f} ms  ({ms / one:.2f}x 1 thread)")
+        lines.append(f"| {threads} | {ms:.2f} | {ms / one:.2f}x |")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

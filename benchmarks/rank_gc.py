@@ -8,11 +8,10 @@ set-up) besides the ones Python runs by itself. The launcher freezes what is ali
 this launches 2 ranks that import the same stack the same way (module globals of the launched function),
 undo the freeze in one run (`gc.unfreeze()`), and time `gc.collect()`.
 
-    .venv/bin/python benchmarks/rank_gc.py [--collections 5]
+    .venv/bin/python benchmarks/rank_gc.py [--collections 5] [--markdown FILE]
 
-Measured in the notebooks themselves (2-core AMD EPYC, 2026-12-03, `gc.callbacks` in each rank): 05's ranks
-spent 6.6 s in the collector without the freeze and 2.0 s with it; 09's 4.6 s, 08's 2.8 s and 02's 2.1 s
-without (03's Lightning ranks under 0.1 s).
+What the collector costs a whole notebook run can be seen in the notebook itself: a `gc.callbacks` entry in
+each rank that sums the time between its "start" and "stop" calls.
 """
 
 from __future__ import annotations
@@ -58,11 +57,16 @@ def collect(unfreeze: bool, collections: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--collections", type=int, default=5)
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args()
-    print(f"{'':>22} {'objects frozen':>15} {'tracked':>10} {'gc.collect()':>13}")
+    lines = [f"Rank 0 of 2, the fine-tuning stack imported; median of {args.collections} full collections.",
+             "", "| rank | objects frozen | objects tracked | gc.collect() (ms) |", "|---|---:|---:|---:|"]
     for label, unfreeze in (("launcher's freeze", False), ("no freeze", True)):
         r = collect.distributed(unfreeze, args.collections)[0]
-        print(f"{label:>22} {r['frozen']:>15,} {r['tracked']:>10,} {1000 * r['median_s']:>10.1f} ms")
+        lines.append(f"| {label} | {r['frozen']:,} | {r['tracked']:,} | {1000 * r['median_s']:.1f} |")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

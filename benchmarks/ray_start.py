@@ -6,7 +6,7 @@ training, dominates notebook 06 and the Ray launcher tests, so it is measured he
 to start a private instance, then for each of several `fit()` calls of a function that only stamps the
 clock, the time until every worker has started the function (start) and until `fit()` returns (total).
 
-    python benchmarks/ray_start.py [--fits 3] [--workers 2]
+    python benchmarks/ray_start.py [--fits 3] [--workers 2] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fits", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
@@ -55,7 +56,17 @@ def main() -> None:
             first = max(float(stamp.read_text()) for stamp in Path(stamps).iterdir()) - start
             figures["fits"].append({"until_function_s": round(first, 1), "fit_total_s": round(total, 1)})
         print(json.dumps(figures))
-    print(f"shutdown done at {time.perf_counter() - t0:.1f} s")
+    shutdown = time.perf_counter() - t0
+    print(f"shutdown done at {shutdown:.1f} s")
+    lines = [f"A private Ray instance, then {args.fits} `TorchTrainer.fit()` calls of {args.workers} workers "
+             "each (a function that only stamps the clock).", "",
+             "| step | seconds |", "|---|---:|", f"| start the instance | {figures['instance_start_s']} |"]
+    for i, fit in enumerate(figures["fits"], 1):
+        lines += [f"| fit {i}: until every worker runs the function | {fit['until_function_s']} |",
+                  f"| fit {i}: until `fit()` returns | {fit['fit_total_s']} |"]
+    lines.append(f"| all of it, shutdown included | {shutdown:.1f} |")
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ editable) with tools/build_venv.py, starting from an empty package cache (uv: a 
 PIP_NO_CACHE_DIR=1), which is what a fresh machine or a CI runner pays. Both environments are then
 checked to hold the same packages at the same versions (`pip freeze`-style listing).
 
-    python benchmarks/setup_time.py [--only uv|pip] [--keep DIR]
+    python benchmarks/setup_time.py [--only uv|pip] [--keep DIR] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", choices=("uv", "pip"))
     parser.add_argument("--keep", help="build the environments in this folder and keep them")
+    parser.add_argument("--markdown", help="also write the report to this file (benchmarks/write_docs.py)")
     args = parser.parse_args(argv)
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="setup-time-"))
     where.mkdir(parents=True, exist_ok=True)
@@ -78,13 +79,18 @@ def main(argv: list[str] | None = None) -> int:
             seconds, packages = build(installer, where)
             results[installer] = (seconds, packages)
             print(f"{installer:>4}: {seconds:6.1f} s, {len(packages)} packages", flush=True)
+        lines = ["From requirements.lock, an empty package cache each.", "",
+                 "| installer | seconds | packages |", "|---|---:|---:|"]
+        lines += [f"| {name} | {seconds:.1f} | {len(packages)} |"
+                  for name, (seconds, packages) in results.items()]
         if len(results) == 2:
             (uv_s, uv_p), (pip_s, pip_p) = results["uv"], results["pip"]
             differ = sorted(k for k in set(uv_p) | set(pip_p) if uv_p.get(k) != pip_p.get(k))
-            print(
-                f"pip / uv: {pip_s / uv_s:.1f}x; same packages and versions: {not differ}"
-                + (f" (differ: {differ[:10]})" if differ else "")
-            )
+            lines += ["", f"pip / uv: {pip_s / uv_s:.1f}x; same packages and versions: {not differ}"
+                      + (f" (differ: {differ[:10]})" if differ else "")]
+            print(lines[-1])
+        if args.markdown:
+            Path(args.markdown).write_text("\n".join(lines) + "\n")
     finally:
         if not args.keep:
             shutil.rmtree(where, ignore_errors=True)
