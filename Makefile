@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` (the gallery) and `make test` (the tests); `make help` lists every
-# target. Both build .venv on first use from requirements.lock (torch 2.14.1 + torchvision 0.29.1 pinned), with
+# target. Both build .venv on first use from requirements.lock (every pin, torch and torchvision among them), with
 # uv (installed into .venv by pip when the machine lacks it), or with pip where uv cannot be had.
 # A target's `## name: what it does` line is what `make help` prints.
 
@@ -16,8 +16,8 @@ TEST_DEVICE ?= cpu
 TEST_ENV := GALLERY_TRACKING=off $(if $(filter cpu,$(TEST_DEVICE)),CUDA_VISIBLE_DEVICES=,)
 ARGS ?=
 # Two pytest-xdist workers. Run alone, the tests leave a core idle much of the time (kernel starts, imports,
-# process and Ray start-ups, waits on ranks); two already keep two cores busy. tests/plugins/xdist_scopes.py says what
-# may overlap: a file runs on one worker (nbval's cells of a notebook share one kernel), and so do all tests
+# process and Ray start-ups, waits on ranks); two already keep two cores busy. tests/plugins/xdist_scopes.py says
+# what may overlap: a file runs on one worker (nbval's cells of a notebook share one kernel), and so do all tests
 # that run Streaming, whose shared memory is machine-wide. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope -p tests.plugins.xdist_scopes)

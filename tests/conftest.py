@@ -97,8 +97,8 @@ def refusals():
         found: list[Refusal] = []
         with client.setup_kernel():
             # A refusal launches nothing: the import cell's preload(...) need not start the forkserver, which
-            # imports DeepSpeed, TRL or Unsloth beside the other test worker (05's, 07's and 08's refusal
-            # tests: 49-54 busy CPU-seconds with it, 39-41 without). A set that launched would start it then.
+            # imports DeepSpeed, TRL or Unsloth beside the other test worker and costs CPU time the refusal
+            # never uses. A set that launched would start it then.
             client.execute_cell(nbformat.v4.new_code_cell(NO_FORKSERVER_HEAD_START), 0)
             for case in cases:
                 injected = translate_parameters(KERNEL_NAME, "python", case, "Injected parameters")

@@ -368,7 +368,7 @@ def ray_cluster(monkeypatch):
 
     # Ray's test Cluster gives a node 150 MiB of object store (ray.init's default is 30% of the memory): the
     # 55,000 normalised images (172 MB) spilled to disk, and Ray started 6 more processes to spill and restore
-    # them (the test's Ray Train cell took 55 s, 46 s with 1 GiB)
+    # them, which slowed the test's Ray Train cell; 1 GiB holds them
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False,
                                                             "object_store_memory": 1 << 30})
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)

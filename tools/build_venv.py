@@ -10,10 +10,9 @@ lock-overrides.txt leaves out stays out, and is removed from an environment buil
 
 Both write the packages' bytecode (.pyc) at install time: pip does by default, uv only when asked
 (`--compile-bytecode`), and without it every process compiles every module it imports from source, on
-a machine that sets PYTHONDONTWRITEBYTECODE (ours does) on every start. Measured here on 2 cores
-(2026-12-02): `import ray.train.torch` 9.9 s without bytecode, 5.2 s with; one Ray launcher test
-(tests/test_launch_ray.py, private instance) 75 s against 41 s. Compiling costs about 40 s once
-at set-up (uv: 21 s without, 59 s with).
+a machine that sets PYTHONDONTWRITEBYTECODE (ours does) on every start: each process that imports Ray
+Train, transformers or DeepSpeed would pay for it again, where compiling costs once, at set-up
+(benchmarks/setup_time.py times the set-up).
 
 pip's own configuration (pip.conf and PIP_* variables: index-url, extra-index-url, find-links,
 constraint, cert, trusted-host) is passed on to uv, which does not read it: a machine that reaches its

@@ -183,8 +183,8 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "(envs/axolotl/requirements.lock) is far more than a device call can carry",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); QLoRA on the tiny OLMo 3"),
     # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
-    # profiler recording CUDA activity. The 10 s taken from each of the others (2026-12-02) are a guess:
-    # no GPU run has measured any of them yet.
+    # profiler recording CUDA activity. The 10 s taken from each of the others are a guess: no GPU run has
+    # measured any of them yet.
     NotebookCheck(
         "10_fast_and_elastic", 75, "tokens_per_s",
         parameters={"steps": 8, "profile_steps": 2, "straggler_ms": 0, "resume_world_sizes": [1, 2]},

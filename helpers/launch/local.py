@@ -79,10 +79,10 @@ def prepare_forkserver(start_now: bool = False, modules: tuple[str, ...] = ()) -
         # Spinning OpenMP threads steal the cores of the other ranks on a CPU launch; libgomp reads this
         # once, when the forkserver imports torch, so it is set before the server starts.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # Only torch by default: every extra module delays the first launch by its import time (torch._dynamo
-        # ~0.7 s, DCP ~0.3 s), which is what a cold launch pays. Notebooks that launch many times with FSDP,
-        # DeepSpeed or Lightning (which import dynamo lazily in every rank) add them with `preload(...)` or
-        # HELPERS_PRELOAD="torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
+        # Only torch by default: every extra module delays the first launch by its import time, which is what
+        # a cold launch pays (benchmarks/launch_latency.py measures it). Notebooks that launch many times with
+        # FSDP, DeepSpeed or Lightning (which import dynamo lazily in every rank) add them with `preload(...)`
+        # or HELPERS_PRELOAD="torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
         _forkserver_modules = _preload_list(modules)
         multiprocessing.get_context("forkserver").set_forkserver_preload(_forkserver_modules)
         _forkserver_ready = True

@@ -175,12 +175,12 @@ class Payload:
         """Unpickle the call (which imports what it needs), then move every object alive so far out of the
         garbage collector's sight (`gc.freeze`).
 
-        A rank that has imported torch, transformers, TRL or DeepSpeed holds about 730,000 objects that live
-        as long as it does, and every full collection walks them all: 0.45 s each on a 2-core CPU. Libraries
-        call `gc.collect()` often (accelerate's `free_memory` at every `Trainer.train`, DeepSpeed's ZeRO
-        set-up) and Python runs full collections by itself while a training loop allocates. Frozen, those
-        objects are skipped (a collection then takes well under a millisecond); what the function creates
-        is collected as usual. `benchmarks/rank_gc.py` measures both.
+        A rank that has imported torch, transformers, TRL or DeepSpeed holds hundreds of thousands of objects
+        that live as long as it does, and every full collection walks them all. Libraries call `gc.collect()`
+        often (accelerate's `free_memory` at every `Trainer.train`, DeepSpeed's ZeRO set-up) and Python runs
+        full collections by itself while a training loop allocates. Frozen, those objects are skipped; what
+        the function creates is collected as usual. `benchmarks/rank_gc.py` measures a full collection with
+        and without the freeze.
         """
         fn, args, kwargs = cloudpickle.loads(self.call)
         gc.freeze()
