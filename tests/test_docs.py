@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,37 @@ def test_make_help_lists_every_target():
     except FileNotFoundError:
         pytest.skip("no make on this machine")
     assert [line.split()[0] for line in printed.splitlines()] == documented, printed
+
+
+README_MAX_LINES = 200
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines: move what a reader looks up on purpose to a page under docs/")
+
+
+def layout_misses(readme: str, package: Path) -> list[str]:
+    """The helpers modules and folders the README's Layout section does not name."""
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    words = set(re.findall(r"[\w]+", layout))
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        if name not in words:
+            missing.append(str(path.relative_to(package.parent)))
+    return missing
+
+
+def test_readme_layout_names_every_module():
+    missing = layout_misses((ROOT / "README.md").read_text(), ROOT / "helpers")
+    assert not missing, f"README.md's Layout does not name {missing}: add a line for each"
+
+
+def test_the_layout_check_finds_a_missing_module(tmp_path):
+    (tmp_path / "helpers" / "sub").mkdir(parents=True)
+    for name in ("helpers/a.py", "helpers/sub/__init__.py", "helpers/sub/b.py"):
+        (tmp_path / name).write_text("")
+    readme = "# x\n\n## Layout\n\n```\nhelpers/ a.py\n  sub/\n```\n\n## Next\nb.py\n"
+    assert layout_misses(readme, tmp_path / "helpers") == ["helpers/sub/b.py"]
