@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
-    from helpers.launch.ray_session import ray_session
+    from helpers.launch.ray_instance import ray_session
 
     t0 = time.perf_counter()
     with ray_session("ray"):

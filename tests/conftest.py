@@ -123,7 +123,7 @@ def refusals():
 @pytest.fixture
 def recording_view(monkeypatch):
     view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view",
+    monkeypatch.setattr(helpers.progress.view, "progress_view",
                         lambda enabled=None: None if enabled is False else view)
     return view
 

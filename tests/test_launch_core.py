@@ -198,7 +198,7 @@ def test_an_exception_that_did_not_travel_and_a_killed_rank():
 # -------------------------------------------------------------------------------------- the imports
 
 
-LAYERS = {"_compat": 0, "errors": 0, "options": 0, "forkserver_output": 0, "payload": 1, "ray_session": 1,
+LAYERS = {"_compat": 0, "errors": 0, "options": 0, "forkserver_output": 0, "payload": 1, "ray_instance": 1,
           "local_worker": 2, "local": 3, "ray": 3, "__init__": 4}
 
 
@@ -214,7 +214,7 @@ def _imports(module: str) -> set[str]:
 
 @pytest.mark.parametrize("module", sorted(LAYERS))
 def test_imports_run_one_way(module):
-    """__init__ -> local / ray -> the core (payload, ray_session -> options, errors, _compat); never up."""
+    """__init__ -> local / ray -> the core (payload, ray_instance -> options, errors, _compat); never up."""
     assert {p.stem for p in LAUNCH.glob("*.py")} == set(LAYERS), "a new module needs a layer here"
     upward = {m for m in _imports(module) if LAYERS[m] >= LAYERS[module]}
     assert not upward, f"{module} imports {upward}, which sit at its level or above"

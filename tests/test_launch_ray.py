@@ -163,7 +163,7 @@ def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
     from tests.support import RecordingView
 
     view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
+    monkeypatch.setattr(helpers.progress.view, "progress_view", lambda enabled=None: view)
 
     @distributed(processes=2, cluster=two_nodes.address)
     def train(steps):

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from helpers.launch import ray_session as ray_backend
+from helpers.launch import ray_instance as ray_backend
 
 # A stand-in for a Ray worker: its command line does not name the instance's folder (Ray workers rename
 # themselves "ray::TrainController"), but its output goes to a log file there, as a Ray worker's does.

@@ -79,7 +79,7 @@ def test_bad_progress_settings_fail_before_any_process(monkeypatch):
     with pytest.raises(LaunchError, match="progress='yes'"):
         _steps.options(progress="yes").distributed(1, 0.0)
     monkeypatch.setenv("HELPERS_PROGRESS", "maybe")
-    with pytest.raises(LaunchError, match="HELPERS_PROGRESS='maybe'.*'on', 'off'"):
+    with pytest.raises(LaunchError, match="HELPERS_PROGRESS='maybe'.*'on' or 'off'"):
         _steps.distributed(1, 0.0)
 
 
@@ -92,7 +92,7 @@ def test_other_ranks_pass_the_iterable_through_untouched():
 
 def test_in_process_call_draws_in_this_process(monkeypatch):
     view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
+    monkeypatch.setattr(helpers.progress.view, "progress_view", lambda enabled=None: view)
     for _ in progress_bar(range(5), desc="local"):
         pass
     assert view.drawn[-1][1]["n"] == 5 and view.drawn[-1][1]["closed"]
@@ -139,7 +139,7 @@ def test_lightning_adapter_reports_each_epoch(monkeypatch, tmp_path):
     import torch
 
     view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
+    monkeypatch.setattr(helpers.progress.view, "progress_view", lambda enabled=None: view)
 
     class Tiny(L.LightningModule):
         def __init__(self):
@@ -166,7 +166,7 @@ def test_lightning_adapter_reports_each_epoch(monkeypatch, tmp_path):
 
 def test_transformers_adapter_follows_the_optimiser_steps(monkeypatch):
     view = RecordingView()
-    monkeypatch.setattr(helpers.progress, "progress_view", lambda enabled=None: view)
+    monkeypatch.setattr(helpers.progress.view, "progress_view", lambda enabled=None: view)
     callback = transformers_progress_callback("ZeRO-2")
     state = SimpleNamespace(max_steps=6, global_step=0, is_world_process_zero=True)
     callback.on_train_begin(None, state, None)

@@ -11,7 +11,7 @@ forkserver the ranks fork from) and `ray` (Ray Train) -> the core they
 share: `options` (the one validator: options and the machine's facts into a plan), `payload` (what
 travels to a rank and how the rank applies it), `errors` (a rank's failure, its root cause, the
 exception the caller gets) and `_compat` (every private torch, Ray or standard-library API used);
-`ray_session` opens and closes a Ray connection or a private local instance.
+`ray_instance` (its `ray_session`) opens and closes a Ray connection or a private local instance.
 
 Importing this package prepares the process for launching, in the notebook's kernel and in every rank
 alike: torch's thread pool is sized to the CPUs this container may use (torch reads the host's cores and
@@ -41,7 +41,7 @@ from helpers.launch.options import (
     check_options,
     plan_launch,
 )
-from helpers.launch.ray_session import ray_session
+from helpers.launch.ray_instance import ray_session
 
 logs.drop_import_notices()
 cpus.fit_torch_threads()

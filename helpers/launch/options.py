@@ -217,6 +217,6 @@ def plan_threads(options: LaunchOptions, plan: LaunchPlan, *, target: Target = L
 def launch_progress_view(options: LaunchOptions) -> progress.ProgressView | None:
     """Where this launch draws rank 0's progress bar (None: nowhere); a bad HELPERS_PROGRESS fails here."""
     try:
-        return progress.progress_view(options.progress)
+        return progress.view.progress_view(options.progress)  # one name to patch: tests record the bars
     except ValueError as e:
         raise LaunchError(str(e)) from None

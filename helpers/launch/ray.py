@@ -70,7 +70,7 @@ from helpers.launch.options import (
     plan_threads,
 )
 from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_call, serialise_result
-from helpers.launch.ray_session import ray_session
+from helpers.launch.ray_instance import ray_session
 from helpers.progress import relay_ray_progress
 
 _POLL_SECONDS = 0.2

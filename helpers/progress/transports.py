@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from helpers.progress import view as views
 from helpers.progress.settings import ENV_DIR, MIN_INTERVAL, RELAY_NAME, switch
-from helpers.progress.view import ProgressView, draw_while_running, progress_view
+from helpers.progress.view import ProgressView, draw_while_running
 
 
 @contextlib.contextmanager
@@ -63,7 +64,7 @@ def relay_ray_progress(enabled: bool | None = None,
     Needs `ray.init()` first. Workers find the relay by name in the job's namespace, so nothing has to be
     passed to them: `progress_bar(...)` in the training loop is enough.
     """
-    view = progress_view(enabled)
+    view = views.progress_view(enabled)
     if view is None:
         yield None
         return
@@ -133,5 +134,5 @@ def sink_for(key: str) -> Any | None:
     relay = _ray_relay()
     if relay is not None:
         return _RaySink(relay)
-    view = progress_view()
+    view = views.progress_view()
     return view.show if view is not None else None
