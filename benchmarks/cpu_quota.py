@@ -10,7 +10,7 @@ helpers` fits it (`helpers.cpus.fit_torch_threads`). This prints, on this machin
 * one conv-net training step (02's backbone, 4 images of 96 px) in 2 processes at once, with 1, 4 and 16
   threads each: what `os.cpu_count() // 2` gives in a 2-CPU container on hosts of 2, 8 and 32 CPUs;
 * where a cgroup can be made (root, a writable cpu controller): the same step in one process inside a
-  1-CPU quota, with torch's own thread count and after `import helpers`.
+  1-CPU quota, with torch's own thread count and after `import helpers.launch` (the launcher fits them).
 
     python benchmarks/cpu_quota.py [--markdown FILE]
 """
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.nbval_variant_cost import CONV  # noqa: E402
 from tests.support import join, one_cpu_cgroup  # noqa: E402
 
-# CONV with torch's own thread count (or, with "helpers", the one `import helpers` leaves); ms a step
+# CONV with torch's own thread count (or, with "helpers", the one importing the launcher leaves); ms a step
 CONV_OWN_THREADS = CONV.replace("torch.set_num_threads(int(sys.argv[1]))",
-                                "sys.argv[1] == 'helpers' and __import__('helpers')")
+                                "sys.argv[1] == 'helpers' and __import__('helpers.launch')")
 assert CONV_OWN_THREADS != CONV, "nbval_variant_cost.CONV no longer sets its threads the way this replaces"
 
 
@@ -76,9 +76,9 @@ def main() -> None:
         finally:
             group.rmdir()
         lines += ["", "Conv-net step, one process in a 1-CPU quota:", "",
-                  "| threads | ms a step | / after import helpers |", "|---|---:|---:|",
+                  "| threads | ms a step | / after importing the launcher |", "|---|---:|---:|",
                   f"| torch's own ({cpus}) | {own:.1f} | {own / fitted:.1f}x |",
-                  f"| after import helpers (1) | {fitted:.1f} | 1.0x |"]
+                  f"| after importing the launcher (1) | {fitted:.1f} | 1.0x |"]
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
