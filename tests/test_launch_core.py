@@ -63,6 +63,7 @@ def test_backend_differences_are_explicit():
     ({"progress": "yes"}, "progress='yes'"),
     ({"device": "tpu"}, "device='tpu'"),
     ({"cluster": 3}, "cluster=3"),
+    ({"verbose": "yes"}, "verbose='yes'"),
 ])
 def test_every_option_is_checked_in_one_place(changes, fix):
     with pytest.raises(LaunchError, match=fix):

@@ -512,3 +512,23 @@ def test_helpers_preload_imports_once_in_the_forkserver():
         seen[preload] = out.stdout.strip().splitlines()[-1]
     # ranks: with it, without it; the caller (last) never imported it
     assert seen == {"torch._dynamo": "[True, True] False", "": "[False, False] False"}
+
+
+@distributed(processes=2)
+def _fails_on_rank_one():
+    from helpers import worker_context
+
+    if worker_context().rank == 1:
+        raise ValueError("rank one fails")
+    return 0
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_lets_torch_elastic_log_the_failure(verbose, caplog):
+    """The agent's own records of a failed worker come through only with verbose=True."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="torch.distributed.elastic"), pytest.raises(ValueError):
+        _fails_on_rank_one.options(verbose=verbose).distributed()
+    agent = [r for r in caplog.records if r.name.startswith("torch.distributed.elastic")]
+    assert bool(agent) == verbose, [r.getMessage()[:120] for r in agent]
