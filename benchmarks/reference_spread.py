@@ -47,12 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from helpers.env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
+from helpers.gallery.notebook_io import first_error, reference_values  # noqa: E402
 from helpers.reference import (  # noqa: E402
     FORMAT,
     REFERENCES_DIR,
     fit,
     judge,
-    measured_values,
     repeats_a_fitting_run,
     validation_table,
 )
@@ -95,7 +95,7 @@ def run_variant(
     env, params = variant_setup(variant)
     out = out_dir / f"{notebook.stem}-{variant}{tag}.ipynb"
     if reuse and out.exists():  # an earlier run of this variant, kept with --keep
-        measured, error = measured_values(out), _recorded_error(out)
+        measured, error = reference_values(out), _recorded_error(out)
         if measured or error:
             results = measured["measured"] if measured and not error else None
             return {"variant": variant, "seconds": None, "error": error, "results": results}
@@ -109,7 +109,7 @@ def run_variant(
             execute_notebook(notebook, out, params, timeout=1800)
         except Exception as e:  # a failing bar is a finding too: report it, keep measuring the others
             error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
-    measured = measured_values(out) if out.exists() else None
+    measured = reference_values(out) if out.exists() else None
     return {
         "variant": variant,
         "seconds": round(time.perf_counter() - start, 1),
@@ -208,13 +208,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _recorded_error(path: Path) -> str | None:
     """The error a kept notebook stopped with (papermill stores it as the failing cell's output), if any."""
-    import nbformat
-
-    for cell in nbformat.read(str(path), as_version=4).cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return f"PapermillExecutionError: {out.get('ename')}: {out.get('evalue', '')[:300]}"
-    return None
+    error = first_error(path)
+    if error is None:
+        return None
+    return f"PapermillExecutionError: cell {error['cell']}: {error['ename']}: {(error['evalue'] or '')[:300]}"
 
 
 def write_docs_table(table: str) -> None:
@@ -229,7 +226,7 @@ def write_docs_table(table: str) -> None:
 def _parameters(notebook: Path, out_dir: Path, reference: dict[str, Any]) -> dict:
     """The default parameters the runs used, as the notebook recorded them (seed as the default's)."""
     for out in sorted(out_dir.glob(f"{notebook.stem}-*.ipynb")):
-        found = measured_values(out)
+        found = reference_values(out)
         if found and found.get("params"):
             from helpers.gallery.execute import notebook_parameters
 
