@@ -389,3 +389,17 @@ def test_the_bundle_installs_only_what_this_python_lacks(tmp_path, monkeypatch):
 def test_a_missing_bundle_says_how_to_make_one(tmp_path):
     info = gpu_check.install_bundle(tmp_path / "nothing", tmp_path / "site")
     assert "make gpu-bundle" in info["error"]
+
+
+def test_the_gpu_check_uses_the_real_package():
+    """No stand-in `helpers` module and no second idea of where the checkout is: the tool's places are
+    helpers.paths', and its child process imports the package itself (which imports no torch)."""
+    import helpers.paths
+
+    source = (ROOT / "tools" / "gpu_check.py").read_text()
+    assert "ModuleType" not in source and 'sys.modules["helpers"]' not in source
+    assert gpu_check.ROOT is helpers.paths.ROOT and gpu_check.NOTEBOOKS_DIR is helpers.paths.NOTEBOOKS_DIR
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import helpers.gallery.execute"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line]
+    assert "torch" not in imported, "the GPU check's notebook runner imports torch"
