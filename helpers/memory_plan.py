@@ -50,6 +50,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 GB = 1e9
@@ -495,6 +496,14 @@ def markdown_table(rows: list[dict[str, Any]], gpu_gb: float, headroom: float = 
     return "\n".join(lines)
 
 
+# The README's figures: this command's table, between these markers (tests/test_memory_plan.py holds them
+# equal; `python -m helpers.memory_plan --write-readme` rewrites them)
+README_ARGS = ("--models", "all", "--modes", "full,lora", "--techniques", "ddp,fsdp,zero3_offload", "--brief")
+README_MARKERS = ("<!-- technique-figures -->", "<!-- /technique-figures -->")
+
+BRIEF_DROPS = ("parameters (B)", "trainable (M)", "offload CPU, all ranks")
+
+
 def _names(text: str, known: Sequence[str], what: str) -> list[str]:
     names = list(known) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
@@ -521,25 +530,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES))
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"share of each GPU kept for activations (default {DEFAULT_HEADROOM})")
+    parser.add_argument("--techniques", default="all",
+                        help=f"'all' or a comma-separated list of {', '.join(TECHNIQUES)}")
+    parser.add_argument("--brief", action="store_true",
+                        help="the GB columns and the advice only (no sizes, no offload CPU column)")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="write the README's table (its own options: " + " ".join(README_ARGS) + ")")
     parser.add_argument("--cpu-gb", type=float, default=None,
                         help="CPU memory of the machine in GB: advise offload only where it fits "
                              "(default: not checked)")
     args = parser.parse_args(argv)
+    if args.write_readme:
+        return write_readme()
+    from helpers.logs import drop_import_notices
+
+    drop_import_notices()  # transformers' and peft's dependencies announce kernels a count never uses
     try:
         models = _names(args.models, list(REAL_MODELS), "models")
         modes = _names(args.modes, list(MODES), "modes")
         if args.gpus < 1:
             raise ValueError(f"--gpus {args.gpus}: give the number of GPUs, 1 or more.")
-        rows = technique_table(models, args.gpus, args.gpu_gb, modes, optimizer=args.optimizer,
+        techniques = _names(args.techniques, list(TECHNIQUES), "techniques")
+        rows = technique_table(models, args.gpus, args.gpu_gb, modes, techniques, optimizer=args.optimizer,
                                headroom=args.headroom, cpu_gb=args.cpu_gb)
     except ValueError as e:
         parser.error(str(e))
+    if args.brief:
+        rows = [{k: v for k, v in row.items() if k not in BRIEF_DROPS} for row in rows]
     budget = args.gpu_gb * (1 - args.headroom)
     print(f"Model state per GPU, GB, on {args.gpus} GPUs of {args.gpu_gb:g} GB ({args.optimizer}, bf16 "
           f"mixed precision; ✗: over {budget:.1f} GB, what a GPU keeps beside {args.headroom:.0%} for "
           "activations):\n")
     print(markdown_table(rows, args.gpu_gb, args.headroom))
     return 0
+
+def readme_table() -> str:
+    """The table `python -m helpers.memory_plan` prints with README_ARGS."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(list(README_ARGS))
+    return out.getvalue().split("\n\n", 1)[1].strip()
+
+
+def write_readme(readme: Path | None = None) -> int:
+    from helpers.paths import ROOT
+
+    readme = readme or ROOT / "README.md"
+    start, end = README_MARKERS
+    text = readme.read_text()
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise SystemExit(f"{readme}: expected one {start} and one {end} around the table; put them back "
+                         "first.")
+    head, rest = text.split(start)
+    readme.write_text(f"{head}{start}\n{readme_table()}\n{end}{rest.split(end, 1)[1]}")
+    print(f"wrote the model-state table into {readme}")
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -313,3 +313,15 @@ def test_fsdp_estimate_is_what_fully_shard_allocates():
         assert sum(h[role] for h in held) == per_param * counts.total, role
         for rank in held:
             assert rank[role] == pytest.approx(getattr(estimate, role), rel=0.02), (role, held)
+
+
+def test_readme_figures_are_what_the_module_prints():
+    """The README's model-state table is this module's output, not typed figures."""
+    from helpers.paths import ROOT
+
+    start, end = mp.README_MARKERS
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split(start, 1)[1].split(end, 1)[0].strip()
+    assert shown == mp.readme_table(), (
+        "README.md's model-state table differs from what the module prints: "
+        "python -m helpers.memory_plan --write-readme")
