@@ -422,8 +422,14 @@ def test_preload_starts_the_forkserver_at_once_with_those_modules(tmp_path):
 
         assert preload("colorsys", "noisy_at_import") is None   # it ends a notebook's import cell: no output
         listed = local._forkserver_modules
-        servers = [p for p in psutil.Process().children()
-                   if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        # the server is forked, then execs: until it has, its command line is still this process's
+        deadline = time.monotonic() + 10
+        while True:
+            servers = [p for p in psutil.Process().children()
+                       if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+            if servers or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             preload("colorsys")
