@@ -564,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(rows, args.gpu_gb, args.headroom))
     return 0
 
+
 def readme_table() -> str:
     """The table `python -m helpers.memory_plan` prints with README_ARGS."""
     import contextlib

@@ -1,4 +1,4 @@
-"""Execute notebooks with papermill and read back what they recorded.
+"""Execute notebooks with papermill (nbclient for `--store`); notebook_io reads back what they recorded.
 
 Shared by the gallery runner, the tests and `make notebooks`, so that a notebook runs the same way
 everywhere: the `python3` kernel of the current environment, the notebook's own folder as the working
