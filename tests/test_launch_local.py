@@ -538,3 +538,18 @@ def test_verbose_lets_torch_elastic_log_the_failure(verbose, caplog):
         _fails_on_rank_one.options(verbose=verbose).distributed()
     agent = [r for r in caplog.records if r.name.startswith("torch.distributed.elastic")]
     assert bool(agent) == verbose, [r.getMessage()[:120] for r in agent]
+
+
+def test_cpu_ranks_see_no_gpu(monkeypatch):
+    """device="cpu" on a GPU machine: a library that picks the accelerator itself (FSDP2's default mesh) must
+    not find one, or rank 1 of a 1-GPU machine fails with "invalid device ordinal" (seen in the GPU check)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # what a kernel on a GPU machine has
+
+    @distributed(processes=2, device="cpu")
+    def visible():
+        import torch
+
+        accelerator = torch._C._get_accelerator().type
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), accelerator
+
+    assert visible.distributed() == [("", 0, "cpu")] * 2

@@ -170,6 +170,11 @@ class Payload:
             os.environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        else:
+            # A CPU launch on a GPU machine: code that picks the accelerator itself (FSDP2's default mesh,
+            # accelerate, Lightning's "auto") would take cuda:LOCAL_RANK, which rank 1 of a 1-GPU machine
+            # lacks. Hidden before anything initialises CUDA in this process, the GPUs do not exist for it.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
     def load_call(self) -> tuple[Callable[..., Any], tuple, dict[str, Any]]:
         """Unpickle the call (which imports what it needs), then move every object alive so far out of the
