@@ -403,3 +403,43 @@ def test_the_gpu_check_uses_the_real_package():
                          capture_output=True, text=True, check=True, cwd=ROOT)
     imported = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line]
     assert "torch" not in imported, "the GPU check's notebook runner imports torch"
+
+
+# ------------------------------------------------------------------------------------ the published page
+
+def _report(date: str, rows: list[dict], device: str = "cuda") -> dict:
+    return {"date": date, "device": device, "gpu": {"name": "NVIDIA H200", "torch": "2.11.0+cu130"},
+            "versions": {"torch": "2.11.0"}, "results": rows}
+
+
+def test_the_published_page_is_rebuilt_from_its_kept_reports():
+    """docs/gpu-check.md is what --publish writes from docs/gpu-check/*.json: a hand edit or a report added
+    without re-publishing fails here."""
+    kept = sorted(gpu_check.PUBLISHED_REPORTS.glob("*.json"))
+    assert kept, "docs/gpu-check/ holds no report"
+    reports = [json.loads(p.read_text()) for p in kept]
+    assert gpu_check.PUBLISHED_PAGE.read_text() == gpu_check.published_page(reports), \
+        "docs/gpu-check.md is stale: python tools/gpu_check.py --publish docs/gpu-check/*.json"
+    assert all(r["device"] == "cuda" for r in reports)
+
+
+def test_the_newest_result_of_each_notebook_is_published():
+    older = _report("a", [{"notebook": "03_x", "status": "failed", "problems": ["boom"]},
+                          {"notebook": "01_y", "status": "passed", "seconds": 5.0}])
+    newer = _report("b", [{"notebook": "03_x", "status": "passed", "seconds": 7.0}])
+    page = gpu_check.published_page([older, newer])
+    assert "| 03_x | passed | 7.0 |" in page and "boom" not in page
+    assert "| 01_y | passed | 5.0 |" in page
+    assert "| 03_x | failed" in gpu_check.published_page([newer, older]), "the later report must win"
+
+
+def test_a_cpu_report_or_none_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    page = tmp_path / "gpu-check.md"
+    page.write_text("kept\n")
+    cpu = tmp_path / "report.json"
+    cpu.write_text(json.dumps(_report("c", [{"notebook": "01_y", "status": "passed"}], device="cpu")))
+    with pytest.raises(ValueError, match="not a GPU result"):
+        gpu_check.publish(page, [cpu])
+    with pytest.raises(FileNotFoundError, match="make gpu-check"):
+        gpu_check.publish(page, [tmp_path / "absent.json"])
+    assert page.read_text() == "kept\n" and not (tmp_path / "gpu-check").exists()

@@ -96,18 +96,18 @@ class NotebookCheck:
 
 NOTEBOOK_KERNEL = ("papermill", "nbclient", "nbformat", "ipykernel", "IPython", "zmq")
 
-# Limits add up to 560 s without 06's, which is skipped there (plus ~20 s to install the bundle and start):
-# every notebook fits one device call.
+# A limit is about 1.3x the notebook's time on an H200 (docs/gpu-check.md); those of the notebooks that run
+# there add up to 540 s (plus ~20 s to install the bundle and start): every notebook fits one device call.
 # A notebook may also use what the ones before it left unused, never what the ones after it need.
 CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
-        "01_ddp_mlp", 50, "samples_per_s",
+        "01_ddp_mlp", 40, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 40, "parity_steps": 5},
         carried=NOTEBOOK_KERNEL,
         note_one_process="parity proof (1 vs 2 processes) ran on 2 CPU processes (gloo, fp32): 2 ranks may "
                          "not share one GPU"),
     NotebookCheck(
-        "02_ddp_retinanet", 95, "images_per_s",
+        "02_ddp_retinanet", 75, "images_per_s",
         # enough steps, without the 30-step warm-up, that a trained epoch beats the untrained model: the
         # notebook asserts the best checkpoint is the best of *all* epochs, the untrained epoch 0 included
         parameters={"epochs": 2, "max_steps": 40, "warmup_steps": 2, "parity_steps": 2},
@@ -115,13 +115,13 @@ CHECKS: tuple[NotebookCheck, ...] = (
         note_one_process="parity proof (1 vs 2 processes) ran on CPU, as the notebook always does; "
                          "SyncBatchNorm over 1 rank"),
     NotebookCheck(
-        "03_lightning_two_tower_mds", 105, "samples_per_s",
+        "03_lightning_two_tower_mds", 75, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 8, "eval_users": 500, "parity_steps": 2},
         carried=(*NOTEBOOK_KERNEL, "lightning", "streaming", "zstd"),
         note_one_process="parity proof (2 DDP ranks vs 1 accumulating process) ran on CPU, as the notebook "
                          "always does; Lightning DDP over 1 GPU rank"),
     NotebookCheck(
-        "04_fsdp_transformer", 95, "tokens_per_s",
+        "04_fsdp_transformer", 90, "tokens_per_s",
         parameters={"preset": "10M", "max_steps": 10, "checkpoint_every": 4, "fail_at_step": 6,
                     "parity_steps": 3, "eval_batches": 2},
         cpu_parameters={"preset": "tiny"},
@@ -130,7 +130,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "may not share one GPU); the GPU run is FSDP over 1 rank (nothing sharded); "
                          "crash-and-resume demo on the GPU"),
     NotebookCheck(
-        "05_deepspeed_zero_sft", 115, "samples_per_s",
+        "05_deepspeed_zero_sft", 55, "samples_per_s",
         parameters={"n_train": 320, "n_test": 32, "max_steps": 5, "parity_steps": 2},
         carried=(*NOTEBOOK_KERNEL, "deepspeed", "trl", "datasets", "pydantic", "hjson"),
         note_one_process="ZeRO stage parity ran on the GPU with 1 rank; the sharding assertions (stages 1 "
@@ -144,10 +144,8 @@ CHECKS: tuple[NotebookCheck, ...] = (
         uncarried_reason="needs Ray Train and MLflow, which the GPU machine lacks; Ray's wheel alone "
                          "(79 MB for 2.60.0 cp312) is more than a device call can carry (64 MiB)",
         note_one_process="one Ray Train worker on the GPU"),
-    # Last, so that it also gets what the notebooks before it left unused (06, which is skipped there, all of
-    # its 90 s): 30 s of its own is what fits the budget.
     NotebookCheck(
-        "07_trl_sft_gpt_oss", 25, "samples_per_s",
+        "07_trl_sft_gpt_oss", 65, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 5, "run_parity": False},
         carried=(*NOTEBOOK_KERNEL, "trl", "datasets"),
         note_one_process="DDP-vs-FSDP parity and the per-rank memory comparison need 2 ranks and were "
@@ -156,7 +154,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     # and MLP (its "from Unsloth" column), and the plain TRL + PEFT launch it is timed against
     # (compare_plain="auto" turns it on there), whose ratio the report shows as unsloth_speedup_vs_plain.
     # Skipped where Unsloth cannot be imported: its wheel alone is 28 MB, too much beside the other notebooks'
-    # wheels in one call, so it is not in gpu-bundle/. Its limit is a guess: no GPU run has measured it yet.
+    # wheels in one call, so it is not in gpu-bundle/.
     NotebookCheck(
         "08_unsloth_llama", 90, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "compare_steps": 5},
@@ -171,8 +169,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     # (Axolotl's `adapter: qlora`; the notebook checks the trained model was 4-bit; its CPU kernels run in
     # the scale-up test) and Axolotl's `bf16: auto`. The ranks run the check's own python
     # (axolotl_python="python3"), and the check is skipped where that python cannot import Axolotl: it
-    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry. Its limit is a
-    # guess: no GPU run has measured it yet.
+    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry.
     NotebookCheck(
         "09_axolotl_olmo3", 60, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
@@ -183,10 +180,9 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "(envs/axolotl/requirements.lock) is far more than a device call can carry",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); QLoRA on the tiny OLMo 3"),
     # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
-    # profiler recording CUDA activity. The 10 s taken from each of the others are a guess: no GPU run has
-    # measured any of them yet.
+    # profiler recording CUDA activity. The slowest there: the compile and the elastic section's CPU runs.
     NotebookCheck(
-        "10_fast_and_elastic", 75, "tokens_per_s",
+        "10_fast_and_elastic", 140, "tokens_per_s",
         parameters={"steps": 8, "profile_steps": 2, "straggler_ms": 0, "resume_world_sizes": [1, 2]},
         carried=NOTEBOOK_KERNEL,
         note_one_process="DDP over 1 GPU rank (the all-reduces are counted but move nothing); the elastic "
@@ -501,6 +497,67 @@ def write_report(out: Path, results: list[Result], info: dict[str, Any]) -> None
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
+PUBLISHED_PAGE = ROOT / "docs" / "gpu-check.md"
+PUBLISHED_REPORTS = ROOT / "docs" / "gpu-check"
+
+
+def published_page(reports: list[dict[str, Any]]) -> str:
+    """docs/gpu-check.md from the kept report.json files: each notebook's newest result (a later report wins),
+    the GPU and the versions it ran with. A device call checks a few notebooks at a time, so a page of one
+    report would show only those."""
+    if not reports:
+        raise ValueError("no GPU check report to publish: give the report.json files of `make gpu-check`")
+    cpu = [r.get("device") for r in reports if r.get("device") != "cuda"]
+    if cpu:
+        raise ValueError(f"a report of a --device {cpu[0]} run is not a GPU result: publish only cuda runs")
+    latest: dict[str, tuple[int, Result]] = {}
+    for i, report in enumerate(reports):
+        for row in report.get("results", []):
+            latest[row["notebook"]] = (i, Result(**row))
+    names = sorted(latest)
+    results = [latest[n][1] for n in names]
+    used = sorted({latest[n][0] for n in names})
+    gpu = reports[used[-1]].get("gpu", {})
+    lines = [
+        "# The GPU check's results", "",
+        "Written by `python tools/gpu_check.py --publish docs/gpu-check/*.json` from the `report.json` "
+        "files that `make gpu-check` wrote on a GPU machine (kept in [docs/gpu-check/](gpu-check/)); each "
+        "notebook's row is its newest result. [gpu.md](gpu.md) says what the check asserts and how to run "
+        "it.", "",
+        f"GPU: {gpu.get('name', '-')} ({gpu.get('memory_gib', '-')} GiB, compute capability "
+        f"{gpu.get('capability', '-')}), driver and memory per nvidia-smi: {gpu.get('nvidia_smi', '-')}; "
+        f"torch {gpu.get('torch', '-')}, CUDA {gpu.get('cuda', '-')}, cuDNN {gpu.get('cudnn', '-')}, "
+        f"NCCL {gpu.get('nccl', '-')}; one process per notebook.", "",
+        table(results), ""]
+    versions = [reports[i].get("versions", {}) for i in used]
+    keys = list(dict.fromkeys(k for v in versions for k in v))
+    lines += ["## Versions", "", "| package | version |", "| --- | --- |"]
+    for k in keys:
+        seen = list(dict.fromkeys(str(v.get(k, "-")) for v in versions))
+        lines.append(f"| {k} | {' / '.join(seen)} |")
+    problems = list(dict.fromkeys(p for i in used for p in reports[i].get("compat_problems", [])))
+    if problems:
+        lines += ["", "## Private torch APIs that moved", ""] + [f"- {p}" for p in problems]
+    return "\n".join(lines) + "\n"
+
+
+def publish(page: Path, report_paths: list[Path]) -> None:
+    """Write the page, and keep a copy of each report beside it (the page is rebuilt from those)."""
+    missing = [str(p) for p in report_paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no report at {', '.join(missing)}: give the report.json files that "
+                                "`make gpu-check` wrote (GPU_OUT, runs/gpu-check by default)")
+    reports = [json.loads(p.read_text()) for p in report_paths]
+    text = published_page(reports)   # checks them all before anything is written
+    kept = page.parent / page.stem
+    kept.mkdir(parents=True, exist_ok=True)
+    for path, report in zip(report_paths, reports, strict=True):
+        dest = kept / f"{report.get('date', path.parent.name).replace(':', '')}.json"
+        if path.resolve() != dest.resolve():
+            dest.write_text(json.dumps(report, indent=1) + "\n")
+    page.write_text(text)
+
+
 def archive(work: Path, out: Path) -> None:
     """The executed notebooks and their logs, as one file (the device tool brings back 8 files at most)."""
     files = sorted(p for p in work.iterdir() if p.suffix in (".ipynb", ".log"))
@@ -691,10 +748,17 @@ def main(argv: list[str] | None = None, checks: tuple[NotebookCheck, ...] = CHEC
                         help=f"the whole check's wall clock (default {DEFAULT_BUDGET_S} s x --time-scale)")
     parser.add_argument("--time-scale", type=float, default=None,
                         help="multiplies every notebook's limit (default 1 on cuda, 5 on cpu: a small CPU)")
+    parser.add_argument("--publish", nargs="+", type=Path, metavar="REPORT_JSON",
+                        help="write docs/gpu-check.md from these report.json files (newest result per "
+                        "notebook) and keep a copy of each in docs/gpu-check/; runs nothing")
     parser.add_argument("--execute-job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.execute_job:
         return execute_job(args.execute_job)
+    if args.publish:
+        publish(PUBLISHED_PAGE, args.publish)
+        print(f"gpu_check: wrote {PUBLISHED_PAGE.relative_to(ROOT)} from {len(args.publish)} report(s)")
+        return EXIT_OK
 
     started, stamp = time.monotonic(), dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "runs" / f"gpu-check-{stamp}"
