@@ -73,6 +73,28 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
             or default_tracking_uri())
 
 
+def check_register_as(register_as: str | None) -> None:
+    """Before any training: a registry name that MLflow will refuse, or one given with tracking off, fails
+    now with the fix, not after the run when the model is logged."""
+    if register_as is None:
+        return
+    if not isinstance(register_as, str) or not register_as.strip() or any(c in register_as for c in "/:%"):
+        raise ValueError(f"register_as={register_as!r}: give the name to register the model under, such as "
+                         "'digits-mlp' (no '/', ':' or '%'), or None to log it without registering it.")
+    if not enabled():
+        raise ValueError(f"register_as={register_as!r} registers the trained model in MLflow, but tracking "
+                         f"is off ({ENV_SWITCH}=off): unset {ENV_SWITCH}, or set register_as=None.")
+
+
+def logged_model_uri(model_info: Any, register_as: str | None) -> str:
+    """Where to load a model logged with `registered_model_name=register_as` from: the registry's
+    `models:/<name>/<version>` when it was registered, else the run's own copy."""
+    version = getattr(model_info, "registered_model_version", None)
+    if register_as and version is not None:
+        return f"models:/{register_as}/{version}"
+    return model_info.model_uri
+
+
 def notebook_name() -> str:
     """The running notebook's stem: set by the gallery runner, else by Jupyter (JPY_SESSION_NAME)."""
     name = os.environ.get(ENV_NOTEBOOK) or os.environ.get("JPY_SESSION_NAME") or ""

@@ -60,6 +60,12 @@ MUTATIONS = [
              "",
              r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2),
              slow=True),
+    Mutation("01_ddp_mlp", "an untrained model logged in place of the trained one",
+             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
+             "    mlflow.pytorch.save_model(MLP(X_train.shape[1], hidden, num_classes), model_uri, "
+             "signature=signature, input_example=examples,",
+             r"the loaded model does not give the evaluation's answers", dict(epochs=1, max_steps=30, parity_steps=2),
+             slow=True),
     Mutation("04_fsdp_transformer", "FSDP summing the ranks' gradients instead of averaging them",
              "        scaler.scale(loss).backward()                     "
              "# FSDP reduce-scatters the gradients here",

@@ -1,0 +1,75 @@
+"""Every notebook logs its trained model to MLflow, and `register_as` registers it: a model registered by one
+notebook run is loaded by name in a fresh process, from the registry alone, and gives the notebook's answers.
+
+The notebook runs here are the registry path (tracking on, a SQLite store in tmp_path); nbval runs every
+notebook with tracking off, which saves the same model files locally and loads them back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import tracking
+
+# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
+_LOAD_BY_NAME = textwrap.dedent("""
+    import json, sys
+    import mlflow
+    import numpy as np
+
+    mlflow.set_tracking_uri(sys.argv[1])
+    model = mlflow.pyfunc.load_model(sys.argv[2])
+    outputs = np.asarray(model.predict(model.input_example))
+    print(json.dumps(outputs.argmax(1).tolist()))
+""")
+
+
+def _load_by_name(store: str, uri: str) -> list:
+    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, store, uri], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """Tracking on, into a SQLite store of this test's own."""
+    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_URI, store)
+    return store
+
+
+def test_a_registry_name_is_checked_before_training(monkeypatch):
+    tracking.check_register_as(None)
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    tracking.check_register_as("digits-mlp")
+    for bad in ("", "a/b", "models:/x", 3):
+        with pytest.raises(ValueError, match="give the name to register"):
+            tracking.check_register_as(bad)
+    monkeypatch.setenv(tracking.ENV_SWITCH, "off")
+    with pytest.raises(ValueError, match="tracking is off .* unset GALLERY_TRACKING"):
+        tracking.check_register_as("digits-mlp")
+
+
+def test_the_uri_is_the_registry_s_when_registered():
+    class Info:
+        model_uri = "models:/m-123"
+        registered_model_version = 4
+
+    assert tracking.logged_model_uri(Info(), "digits-mlp") == "models:/digits-mlp/4"
+    assert tracking.logged_model_uri(Info(), None) == "models:/m-123"
+
+
+@pytest.mark.notebook
+def test_01_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
+    _, metrics = run_notebook("01_ddp_mlp", processes=1, epochs=1, max_steps=30, parity_steps=2,
+                              register_as="digits-mlp")
+    assert metrics["logged_model_uri"] == "models:/digits-mlp/1"
+    answers = [int(a) for a in metrics["logged_model_answers"].split()]
+    assert _load_by_name(registry, "models:/digits-mlp/1") == answers
