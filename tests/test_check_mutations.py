@@ -64,7 +64,8 @@ MUTATIONS = [
              "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
              "    mlflow.pytorch.save_model(MLP(X_train.shape[1], hidden, num_classes), model_uri, "
              "signature=signature, input_example=examples,",
-             r"the loaded model does not give the evaluation's answers", dict(epochs=1, max_steps=30, parity_steps=2),
+             r"the loaded model does not give the evaluation's answers",
+             dict(epochs=1, max_steps=30, parity_steps=2),
              slow=True),
     Mutation("04_fsdp_transformer", "FSDP summing the ranks' gradients instead of averaging them",
              "        scaler.scale(loss).backward()                     "

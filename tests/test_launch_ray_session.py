@@ -51,3 +51,18 @@ def test_ray_data_logging_config_quiets_info_and_keeps_errors(tmp_path, capsys):
         logging.getLogger("ray.data").handlers.clear()
         logging.getLogger("ray.data").propagate = True
         logging.getLogger("ray.data").setLevel(logging.NOTSET)
+
+
+def test_a_refused_token_is_named_with_its_fix():
+    """Ray's Python error only says it could not connect; the refusal of a missing token is on the C++
+    client's stderr, and the launcher's message must name it (seen by hand against `ray start --head` with
+    RAY_AUTH_MODE=token, connecting from a process without the token)."""
+    from helpers.launch.ray_instance import connect_failure
+
+    refused = ("[2026-01-01 00:00:00,000 W 1 1] gcs_client.cc:210: Failed to get cluster ID from GCS server: "
+               "Unauthenticated: RPC error: InvalidAuthToken: Authentication token is missing or incorrect\n")
+    error = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    message = connect_failure("auto", error, refused)
+    assert "RAY_AUTH_MODE=token" in message and "RAY_AUTH_TOKEN" in message and "docs/cluster.md" in message
+    plain = connect_failure("auto", error, "")
+    assert "RAY_AUTH_MODE" not in plain and "ray start --head" in plain

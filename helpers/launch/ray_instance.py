@@ -72,13 +72,10 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     if cluster != "ray" or os.environ.get("RAY_ADDRESS"):
         address = None if cluster == "ray" else cluster
         try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise LaunchError(
-                f"cluster={cluster!r}: could not connect to a Ray cluster ({type(e).__name__}: {e}). Start "
-                "one (`ray start --head`), pass its address ('ray://host:10001'), or use cluster='ray' for a "
-                "private local instance."
-            ) from e
+            with _native_stderr_kept() as native_stderr:
+                ray.init(address=address, **quiet)
+        except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
+            raise LaunchError(connect_failure(cluster, e, native_stderr())) from e
         try:
             with notices:
                 yield ray
@@ -111,6 +108,54 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         if auth:  # back to the user's own settings
             _compat.refresh_ray_auth()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+AUTH_ADVICE = ("the cluster uses token authentication and this process has no token: set "
+               "RAY_AUTH_MODE=token and the head's token (RAY_AUTH_TOKEN=<token>, or its ~/.ray/auth_token "
+               "file copied here, or RAY_AUTH_TOKEN_PATH) in the environment that starts this notebook or "
+               "process, then connect again (docs/cluster.md)")
+
+
+def connect_failure(cluster: str, error: BaseException, native_stderr: str = "") -> str:
+    """Why `ray.init(address=...)` failed, with the fix. Ray's Python error only says it could not connect;
+    a head that refuses our missing token says so on the C++ client's stderr (InvalidAuthToken)."""
+    text = f"{type(error).__name__}: {error}"
+    if "InvalidAuthToken" in native_stderr or "Unauthenticated" in native_stderr \
+            or type(error).__name__ == "AuthenticationError":
+        return f"cluster={cluster!r}: could not connect to the Ray cluster ({text[:300]}): {AUTH_ADVICE}."
+    return (f"cluster={cluster!r}: could not connect to a Ray cluster ({text}). Start one "
+            "(`ray start --head`), pass its address ('ray://host:10001'), or use cluster='ray' for a private "
+            "local instance.")
+
+
+@contextlib.contextmanager
+def _native_stderr_kept() -> Iterator[Any]:
+    """Copy what Ray's C++ client writes to file descriptor 2 while connecting (a refused token appears only
+    there), and pass it on to the real stderr afterwards, so nothing is lost. Yields a reader of the copy."""
+    import sys
+
+    copy = tempfile.TemporaryFile()
+    text = ""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):   # no file descriptor 2 to borrow: connect as usual
+        copy.close()
+        yield lambda: ""
+        return
+    os.dup2(copy.fileno(), 2)
+    try:
+        yield lambda: text
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        copy.seek(0)
+        captured = copy.read()
+        copy.close()
+        text = captured.decode(errors="replace")
+        if captured:
+            with contextlib.suppress(OSError):
+                os.write(2, captured)
 
 
 def _ray_data_logging_config(folder: str, level: str) -> str:
