@@ -2,12 +2,20 @@
 
 The defaults (2 CPU processes, the crash demo included) are covered by nbval over notebooks/. Here:
 one process on a user's text (text_path), the failure-and-resume path on its own, capped at 12 steps, with
-2 processes, and a bad argument refused before any launch. The notebook's own assertions (well below the
-unigram baseline, FSDP == DDP, resumed == uninterrupted) run inside it; a failing one fails the execution.
+2 processes, the trained model registered in MLflow and loaded by name in a fresh process, and bad arguments
+refused before any launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
+resumed == uninterrupted, the measured model state per rank == helpers.memory_plan's plan, the loaded model ==
+the driver's evaluation) run inside it; a failing one fails the execution.
 """
+
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
+from helpers import tracking
 from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
@@ -67,10 +75,42 @@ def test_crash_and_resume(run_notebook, tmp_path):
     assert all((p / ".metadata").exists() for p in (ckpt / "main").iterdir())
 
 
-def test_bad_settings_are_refused_before_launch(refusals):
-    crash, preset = refusals("04_fsdp_transformer", dict(fail_at_step=5, checkpoint_every=25),
-                             dict(preset="100M"))
+# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
+_GREEDY_BY_NAME = textwrap.dedent("""
+    import json, sys
+    import mlflow
+    import numpy as np
+
+    mlflow.set_tracking_uri(sys.argv[1])
+    model = mlflow.pyfunc.load_model(sys.argv[2])
+    logits = np.asarray(model.predict(model.input_example))   # (sequences, positions, 256 byte values)
+    print(json.dumps(logits.argmax(-1).ravel().tolist()))
+""")
+
+
+def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+    """register_as with tracking on: the gathered model goes to the registry, and MLflow alone (another
+    process, by name) gives the greedy next bytes the notebook's driver evaluation gave."""
+    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_URI, store)
+    _, metrics = run_notebook("04_fsdp_transformer", processes=1, fail_at_step=None, register_as="byte-gpt",
+                              **dict(SMALL, checkpoint_every=4, max_steps=4, eval_batches=1))
+    assert metrics["logged_model_uri"] == "models:/byte-gpt/1"
+    assert metrics["model_state_plan_max_rel_diff"] < 0.01
+    answers = [int(a) for a in metrics["logged_model_answers"].split()]
+    done = subprocess.run([sys.executable, "-c", _GREEDY_BY_NAME, store, "models:/byte-gpt/1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == answers
+
+
+def test_bad_settings_are_refused_before_launch(refusals, monkeypatch):
+    monkeypatch.setenv(tracking.ENV_SWITCH, "off")   # a registry name with tracking off is refused
+    crash, preset, register = refusals("04_fsdp_transformer", dict(fail_at_step=5, checkpoint_every=25),
+                                       dict(preset="100M"), dict(register_as="byte-gpt"))
     assert "before the first checkpoint" in crash.error
     # the presets come from helpers/models/gpt.py (shared with 10): the message lists what exists there
     assert "preset='100M' is not one of 'tiny', '10M'" in preset.error
-    assert "[rank" not in crash.output + preset.output
+    assert "tracking is off" in register.error and "set register_as=None" in register.error
+    assert "[rank" not in crash.output + preset.output + register.output
