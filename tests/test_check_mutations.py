@@ -36,6 +36,8 @@ class Mutation:
 
 
 # notebook 10 at a small size: no compilation (its check is not the one under test), one resume
+# notebook 04 at a small size, no crash: the checks under test come after training
+_NB04_SMALL = dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, parity_steps=2, eval_batches=1)
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
 MUTATIONS = [
@@ -80,6 +82,17 @@ MUTATIONS = [
              "",
              r"resumed run differs from the uninterrupted one",
              dict(steps=30, checkpoint_every=10, fail_at_step=15, parity_steps=2, eval_batches=1), slow=True),
+    Mutation("04_fsdp_transformer", "an untrained model logged in place of the gathered, trained one",
+             "    mlflow.pytorch.save_model(sampler, model_uri, signature=signature, input_example=examples,",
+             "    mlflow.pytorch.save_model(GPT(gpt_config), model_uri, signature=signature, "
+             "input_example=examples,",
+             r"the loaded model does not give the evaluation's answers",
+             _NB04_SMALL, slow=True),
+    Mutation("04_fsdp_transformer", "the memory plan given the wrong world size",
+             "pair_world_size = fsdp_run[\"world_size\"]   # the comparison runs' ranks, as they reported it",
+             "pair_world_size = 2 * fsdp_run[\"world_size\"]",
+             r"measured per-rank model state differs from helpers.memory_plan's plan",
+             _NB04_SMALL, slow=True),
     Mutation("02_ddp_retinanet", "the ranks' gradients summed instead of averaged",
              "        loss.backward()                          # DDP averages the ranks' gradients here",
              "        (loss * ctx.world_size).backward()",
