@@ -35,9 +35,10 @@ class Mutation:
     slow: bool = False  # in `make mutation` only: `make test`'s time budget keeps just the cheapest ones
 
 
-# notebook 10 at a small size: no compilation (its check is not the one under test), one resume
 # notebook 04 at a small size, no crash: the checks under test come after training
-_NB04_SMALL = dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, parity_steps=2, eval_batches=1)
+_NB04_SMALL = dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, parity_steps=2,
+                   eval_batches=1)
+# notebook 10 at a small size: no compilation (its check is not the one under test), one resume
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
 MUTATIONS = [
