@@ -4,12 +4,20 @@ The stored notebook (FSDP, full fine-tuning, 2 processes, with the DDP-vs-FSDP p
 nbval, with its learning bar and reference run. This file runs the other strategy and the other kind of
 training, DDP with LoRA on 1 process, for a few steps (`max_steps`): the LoRA checks (a gradient in every
 adapter matrix, moved expert adapters) and the adapter's save / reload / evaluation hold at any size. The
-120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. And the bad settings
-that must fail before any launch.
+120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. The fine-tuned model is
+logged to MLflow and registered with `register_as` (tracking on, a SQLite store of the test's own): a fresh
+process loads it by name from the registry alone, with MLflow's pyfunc loader, and answers the logged input
+example as the notebook did. And the bad settings that must fail before any launch.
 """
+
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
+from helpers import tracking
 from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
@@ -23,6 +31,32 @@ def test_ddp_lora_one_process(run_notebook):
     assert "DDP fine-tuning: 6 steps" in out
     assert "adapter matrices received a gradient; the 8 expert adapter matrices changed" in out
     assert "saved adapter: ['adapter_config.json', 'adapter_model.safetensors']" in out
+    assert "the loaded model answers all 16 held-out prompts as the evaluation did" in out
+
+
+# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
+_LOAD_BY_NAME = textwrap.dedent("""
+    import json, sys
+    import mlflow
+
+    mlflow.set_tracking_uri(sys.argv[1])
+    model = mlflow.pyfunc.load_model(sys.argv[2])
+    print(json.dumps([str(a).strip() for a in model.predict(model.input_example)]))
+""")
+
+
+def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_URI, store)
+    nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="ddp", processes=1, n_test=16, max_steps=6,
+                               run_parity=False, register_as="tiny-gpt-oss-sft")
+    assert metrics["logged_model_uri"] == "models:/tiny-gpt-oss-sft/1"
+    assert "logged to MLflow run" in stream_text(nb)
+    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, store, metrics["logged_model_uri"]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == json.loads(metrics["logged_model_answers"])
 
 
 def test_bad_settings_fail_before_launch(refusals, tmp_path):
@@ -33,6 +67,7 @@ def test_bad_settings_fail_before_launch(refusals, tmp_path):
         "'mlp.experts.up_proj' matches no parameter": {"lora_target_parameters": ["mlp.experts.up_proj"]},
         "lora_target_modules=['qkv_proj'] matches nothing": {"lora_target_modules": ["qkv_proj"]},
         "holds a model but no tokenizer": {"model_name": str(tmp_path / "model")},
+        "give the name to register the model under": {"register_as": "a/b"},
     }
     for message, refusal in zip(cases, refusals("07_trl_sft_gpt_oss", *cases.values()), strict=True):
         assert message in refusal.error
