@@ -52,6 +52,15 @@ class BadSftInputs:
 
 
 @pytest.fixture
+def registry(tmp_path, monkeypatch) -> str:
+    """Tracking on, into a SQLite store of this test's own (nbval and make test run with tracking off)."""
+    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_URI, store)
+    return store
+
+
+@pytest.fixture
 def bad_sft_inputs(tmp_path) -> BadSftInputs:
     """The user inputs every fine-tuning notebook (08, 09) must refuse before any launch."""
     import json

@@ -3,7 +3,11 @@ notebooks' outputs, synthetic gallery notebooks, a progress view that records, a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -137,3 +141,25 @@ def one_cpu_cgroup() -> Path | None:
 def join(group: Path) -> None:
     """Move this process into `group` (a subprocess's preexec_fn)."""
     (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
+_GREEDY_BY_NAME = textwrap.dedent("""
+    import json, sys
+    import mlflow
+    import numpy as np
+
+    mlflow.set_tracking_uri(sys.argv[1])
+    model = mlflow.pyfunc.load_model(sys.argv[2])
+    outputs = np.asarray(model.predict(model.input_example))
+    print(json.dumps(outputs.argmax(-1).ravel().tolist()))
+""")
+
+
+def greedy_answers_by_name(store: str, uri: str) -> list[int]:
+    """A registered model's answers for its own input example (the argmax over its last axis: a class, a
+    next token), from a fresh process that has MLflow and the registry and nothing else."""
+    done = subprocess.run([sys.executable, "-c", _GREEDY_BY_NAME, store, uri], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -94,6 +94,32 @@ MUTATIONS = [
              "pair_world_size = 2 * fsdp_run[\"world_size\"]",
              r"measured per-rank model state differs from helpers.memory_plan's plan",
              _NB04_SMALL, slow=True),
+    Mutation("03_lightning_two_tower_mds", "an untrained model logged in place of the trained one",
+             "    mlflow.pytorch.save_model(recommender, model_uri, signature=signature, "
+             "input_example=example_users,",
+             "    mlflow.pytorch.save_model(Recommender(TwoTower(**tables, embed_dim=embed_dim)).eval(), "
+             "model_uri, signature=signature, input_example=example_users,",
+             r"the loaded model does not give the evaluation's top 10",
+             dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False),
+             slow=True),
+    Mutation("06_ray_train_resnet", "an untrained model logged in place of the trained one",
+             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
+             "    mlflow.pytorch.save_model(make_resnet().eval(), model_uri, signature=signature, "
+             "input_example=examples,",
+             r"the loaded model does not give the evaluation's answers",
+             dict(epochs=1, max_steps=16, fail_at_epoch=None, val_size=64, test_size=64), slow=True),
+    Mutation("07_trl_sft_gpt_oss", "a memory plan that forgets FSDP shards the model state over the ranks",
+             '        estimate = model_state_bytes(own_counts, s, world_size=len(results), '
+             'optimizer="sgd")\n',
+             '        estimate = model_state_bytes(own_counts, s, world_size=1, optimizer="sgd")\n',
+             r"FSDP: the ranks held .* bytes of model state, memory_plan plans", dict(max_steps=2, n_test=10),
+             slow=True),
+    Mutation("07_trl_sft_gpt_oss", "an untrained model logged in place of the fine-tuned one",
+             'components = {"model": finetuned, "tokenizer": finetuned_tokenizer}',
+             'components = {"model": AutoModelForCausalLM.from_pretrained(model_path, '
+             '**load_options(model_path, eval_dtype)), "tokenizer": finetuned_tokenizer}',
+             r"the loaded model does not give the evaluation's answers",
+             dict(processes=1, run_parity=False, max_steps=6, n_test=16), slow=True),
     Mutation("02_ddp_retinanet", "the ranks' gradients summed instead of averaged",
              "        loss.backward()                          # DDP averages the ranks' gradients here",
              "        (loss * ctx.world_size).backward()",

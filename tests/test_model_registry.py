@@ -7,42 +7,10 @@ notebook with tracking off, which saves the same model files locally and loads t
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from helpers import tracking
-
-# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
-_LOAD_BY_NAME = textwrap.dedent("""
-    import json, sys
-    import mlflow
-    import numpy as np
-
-    mlflow.set_tracking_uri(sys.argv[1])
-    model = mlflow.pyfunc.load_model(sys.argv[2])
-    outputs = np.asarray(model.predict(model.input_example))
-    print(json.dumps(outputs.argmax(1).tolist()))
-""")
-
-
-def _load_by_name(store: str, uri: str) -> list:
-    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, store, uri], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def registry(tmp_path, monkeypatch):
-    """Tracking on, into a SQLite store of this test's own."""
-    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
-    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
-    monkeypatch.setenv(tracking.ENV_URI, store)
-    return store
+from tests.support import greedy_answers_by_name
 
 
 def test_a_registry_name_is_checked_before_training(monkeypatch):
@@ -72,4 +40,4 @@ def test_01_registers_its_model_and_a_fresh_process_loads_it_by_name(run_noteboo
                               register_as="digits-mlp")
     assert metrics["logged_model_uri"] == "models:/digits-mlp/1"
     answers = [int(a) for a in metrics["logged_model_answers"].split()]
-    assert _load_by_name(registry, "models:/digits-mlp/1") == answers
+    assert greedy_answers_by_name(registry, "models:/digits-mlp/1") == answers

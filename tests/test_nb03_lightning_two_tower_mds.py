@@ -15,11 +15,8 @@ import textwrap
 import pytest
 
 from helpers import tracking
-from tests import test_model_registry
 
 pytestmark = pytest.mark.notebook
-
-registry = test_model_registry.registry   # tracking on, into a SQLite store of the test's own
 
 # A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
 _RANK_BY_NAME = textwrap.dedent("""

@@ -8,15 +8,11 @@ resumed == uninterrupted, the measured model state per rank == helpers.memory_pl
 the driver's evaluation) run inside it; a failing one fails the execution.
 """
 
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from helpers import tracking
-from tests.support import stream_text
+from tests.support import greedy_answers_by_name, stream_text
 
 pytestmark = pytest.mark.notebook
 
@@ -75,34 +71,15 @@ def test_crash_and_resume(run_notebook, tmp_path):
     assert all((p / ".metadata").exists() for p in (ckpt / "main").iterdir())
 
 
-# A third process: MLflow's pyfunc loader and the registry, nothing of the notebook or of helpers
-_GREEDY_BY_NAME = textwrap.dedent("""
-    import json, sys
-    import mlflow
-    import numpy as np
-
-    mlflow.set_tracking_uri(sys.argv[1])
-    model = mlflow.pyfunc.load_model(sys.argv[2])
-    logits = np.asarray(model.predict(model.input_example))   # (sequences, positions, 256 byte values)
-    print(json.dumps(logits.argmax(-1).ravel().tolist()))
-""")
-
-
-def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
     """register_as with tracking on: the gathered model goes to the registry, and MLflow alone (another
     process, by name) gives the greedy next bytes the notebook's driver evaluation gave."""
-    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
-    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
-    monkeypatch.setenv(tracking.ENV_URI, store)
     _, metrics = run_notebook("04_fsdp_transformer", processes=1, fail_at_step=None, register_as="byte-gpt",
                               **dict(SMALL, checkpoint_every=4, max_steps=4, eval_batches=1))
     assert metrics["logged_model_uri"] == "models:/byte-gpt/1"
     assert metrics["model_state_plan_max_rel_diff"] < 0.01
     answers = [int(a) for a in metrics["logged_model_answers"].split()]
-    done = subprocess.run([sys.executable, "-c", _GREEDY_BY_NAME, store, "models:/byte-gpt/1"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == answers
+    assert greedy_answers_by_name(registry, "models:/byte-gpt/1") == answers
 
 
 def test_bad_settings_are_refused_before_launch(refusals, monkeypatch):

@@ -10,11 +10,9 @@ model registered by name with tracking on, then loaded from the registry by a fr
 
 import pytest
 
-from tests import test_model_registry
+from tests.support import greedy_answers_by_name
 
 pytestmark = pytest.mark.notebook
-
-registry = test_model_registry.registry   # tracking on, into a SQLite store of the test's own
 
 
 def test_the_registered_model_answers_in_a_fresh_process_as_the_notebook_did(run_notebook, registry):
@@ -22,7 +20,7 @@ def test_the_registered_model_answers_in_a_fresh_process_as_the_notebook_did(run
                               train_size=256, val_size=64, test_size=64, register_as="fashion-resnet")
     assert metrics["logged_model_uri"] == "models:/fashion-resnet/1"
     answers = [int(a) for a in metrics["logged_model_answers"].split()]
-    assert test_model_registry._load_by_name(registry, "models:/fashion-resnet/1") == answers
+    assert greedy_answers_by_name(registry, "models:/fashion-resnet/1") == answers
 
 
 
