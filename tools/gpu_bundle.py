@@ -12,8 +12,10 @@ DeepSpeed is published as a source distribution only: it is built here into a pu
 notebook 05 asks for none), and the script checks that the wheel is tagged `py3-none-any`.
 
 Not carried, so notebook 06 (Ray Train) is reported skipped there: Ray (its manylinux wheel alone is
-79 MB for 2.60.0 cp312, over the whole 64 MiB) and MLflow (the gallery's tracking is off in the check:
-`GALLERY_TRACKING=off`, and helpers import mlflow only when tracking is on).
+79 MB for 2.60.0 cp312, over the whole 64 MiB). Of MLflow, only `mlflow-skinny` travels: the notebooks save
+and load their trained model with it, and the gallery's tracking is off in the check
+(`GALLERY_TRACKING=off`), so the tracking server's stack (the `mlflow` distribution, SQLAlchemy, alembic) is
+never imported.
 
     python tools/gpu_bundle.py [--dest gpu-bundle] [--budget-mib 48]
 
@@ -118,6 +120,24 @@ BUNDLE: tuple[Wheel, ...] = (
     # which needs dill>=0.3.8 (datasets takes dill<0.4.2, multiprocess<0.70.20)
     Wheel("dill", "0.3.8", "datasets"),
     Wheel("multiprocess", "0.70.16", "datasets (its py312 wheel: the code differs per Python version)"),
+    # --- every notebook: its "Use the trained model" section saves the model in MLflow's format and loads it
+    # back (tracking is off in the check, so nothing needs the tracking server, its database or its UI: the
+    # `mlflow` distribution is not carried, `mlflow-skinny` holds the `mlflow` package). What `import mlflow`,
+    # `mlflow.pytorch` and `mlflow.transformers` import when saving and loading a model, and nothing else.
+    Wheel("mlflow-skinny", "3.17.2", "all: mlflow.pytorch / mlflow.transformers save_model and load_model"),
+    Wheel("cachetools", "7.3.3", "mlflow"),
+    Wheel("databricks-sdk", "0.162.0", "mlflow imports it at start"),
+    Wheel("fastapi", "0.165.0", "mlflow imports it at start"),
+    Wheel("starlette", "1.10.0", "fastapi"),
+    Wheel("importlib-metadata", "9.1.0", "mlflow"),
+    Wheel("opentelemetry-api", "1.45.2", "mlflow's tracing, imported at start"),
+    Wheel("opentelemetry-sdk", "1.45.2", "mlflow's tracing"),
+    Wheel("opentelemetry-proto", "1.45.2", "mlflow's tracing"),
+    Wheel("opentelemetry-semantic-conventions", "0.66b2", "opentelemetry-sdk"),
+    Wheel("sqlparse", "0.6.1", "mlflow imports it at start"),
+    Wheel("cryptography", "50.0.2", "databricks-sdk imports it (compiled, abi3)"),
+    Wheel("cffi", "2.1.1", "cryptography (compiled)"),
+    Wheel("pycparser", "3.12", "cffi"),
 )
 
 BUILT_FROM_SDIST = {"deepspeed"}
@@ -148,7 +168,8 @@ uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 # Not carried, with the reason the check reports.
 NOT_CARRIED = {
     "ray": "Ray's manylinux wheel alone (79 MB for 2.60.0 cp312) is more than a device call carries (64 MiB)",
-    "mlflow": "tracking is off in the check (GALLERY_TRACKING=off); mlflow and its server stack are large",
+    "mlflow": "the tracking server and UI: tracking is off in the check (GALLERY_TRACKING=off); the mlflow "
+              "package the notebooks use comes with mlflow-skinny, which is carried",
 }
 
 

@@ -71,7 +71,7 @@ PRECISION_NAMES = {"bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16", "1
 VERSIONS_OF = ("torch", "torchvision", "transformers", "tokenizers", "huggingface-hub", "accelerate", "trl",
                "datasets", "deepspeed", "lightning", "torchmetrics", "peft", "mosaicml-streaming",
                "pycocotools", "numpy", "pandas", "scikit-learn", "matplotlib", "pyarrow", "papermill",
-               "nbclient", "ipykernel", "ray", "mlflow", "cloudpickle")
+               "nbclient", "ipykernel", "ray", "mlflow", "mlflow-skinny", "cloudpickle")
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ class NotebookCheck:
 
 
 NOTEBOOK_KERNEL = ("papermill", "nbclient", "nbformat", "ipykernel", "IPython", "zmq")
+# what every notebook imports besides: MLflow, to save its trained model and load it back (mlflow-skinny)
+NOTEBOOK_BASE = (*NOTEBOOK_KERNEL, "mlflow")
 
 # A limit is about 1.3x the notebook's time on an H200 (docs/gpu-check.md); those of the notebooks that run
 # there add up to 540 s (plus ~20 s to install the bundle and start): every notebook fits one device call.
@@ -103,7 +105,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
         "01_ddp_mlp", 40, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 40, "parity_steps": 5},
-        carried=NOTEBOOK_KERNEL,
+        carried=NOTEBOOK_BASE,
         note_one_process="parity proof (1 vs 2 processes) ran on 2 CPU processes (gloo, fp32): 2 ranks may "
                          "not share one GPU"),
     NotebookCheck(
@@ -111,13 +113,13 @@ CHECKS: tuple[NotebookCheck, ...] = (
         # enough steps, without the 30-step warm-up, that a trained epoch beats the untrained model: the
         # notebook asserts the best checkpoint is the best of *all* epochs, the untrained epoch 0 included
         parameters={"epochs": 2, "max_steps": 40, "warmup_steps": 2, "parity_steps": 2},
-        carried=(*NOTEBOOK_KERNEL, "pycocotools", "torchmetrics"),
+        carried=(*NOTEBOOK_BASE, "pycocotools", "torchmetrics"),
         note_one_process="parity proof (1 vs 2 processes) ran on CPU, as the notebook always does; "
                          "SyncBatchNorm over 1 rank"),
     NotebookCheck(
         "03_lightning_two_tower_mds", 75, "samples_per_s",
         parameters={"epochs": 2, "max_steps": 8, "eval_users": 500, "parity_steps": 2},
-        carried=(*NOTEBOOK_KERNEL, "lightning", "streaming", "zstd"),
+        carried=(*NOTEBOOK_BASE, "lightning", "streaming", "zstd"),
         note_one_process="parity proof (2 DDP ranks vs 1 accumulating process) ran on CPU, as the notebook "
                          "always does; Lightning DDP over 1 GPU rank"),
     NotebookCheck(
@@ -125,29 +127,29 @@ CHECKS: tuple[NotebookCheck, ...] = (
         parameters={"preset": "10M", "max_steps": 10, "checkpoint_every": 4, "fail_at_step": 6,
                     "parity_steps": 3, "eval_batches": 2},
         cpu_parameters={"preset": "tiny"},
-        carried=NOTEBOOK_KERNEL,
+        carried=NOTEBOOK_BASE,
         note_one_process="FSDP-vs-DDP parity and the sharding measurement ran on 2 CPU processes (2 ranks "
                          "may not share one GPU); the GPU run is FSDP over 1 rank (nothing sharded); "
                          "crash-and-resume demo on the GPU"),
     NotebookCheck(
         "05_deepspeed_zero_sft", 55, "samples_per_s",
         parameters={"n_train": 320, "n_test": 32, "max_steps": 5, "parity_steps": 2},
-        carried=(*NOTEBOOK_KERNEL, "deepspeed", "trl", "datasets", "pydantic", "hjson"),
+        carried=(*NOTEBOOK_BASE, "deepspeed", "trl", "datasets", "pydantic", "hjson"),
         note_one_process="ZeRO stage parity ran on the GPU with 1 rank; the sharding assertions (stages 1 "
                          "and 3 hold less per rank) need 2+ ranks and were skipped"),
     NotebookCheck(
         "06_ray_train_resnet", 90, "images_per_s",
         parameters={"epochs": 1, "max_steps": 4, "train_size": 256, "val_size": 64, "test_size": 64,
                     "fail_at_epoch": None},
-        carried=NOTEBOOK_KERNEL,
-        uncarried=("ray", "mlflow"),
-        uncarried_reason="needs Ray Train and MLflow, which the GPU machine lacks; Ray's wheel alone "
+        carried=NOTEBOOK_BASE,
+        uncarried=("ray",),
+        uncarried_reason="needs Ray Train, which the GPU machine lacks; Ray's wheel alone "
                          "(79 MB for 2.60.0 cp312) is more than a device call can carry (64 MiB)",
         note_one_process="one Ray Train worker on the GPU"),
     NotebookCheck(
         "07_trl_sft_gpt_oss", 65, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 5, "run_parity": False},
-        carried=(*NOTEBOOK_KERNEL, "trl", "datasets"),
+        carried=(*NOTEBOOK_BASE, "trl", "datasets"),
         note_one_process="DDP-vs-FSDP parity and the per-rank memory comparison need 2 ranks and were "
                          "skipped; FSDP over 1 GPU rank (nothing sharded)"),
     # Its GPU-only parts, asserted by the notebook itself on a GPU: Unsloth's kernels in the model's attention
@@ -158,7 +160,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
         "08_unsloth_llama", 90, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "compare_steps": 5},
-        carried=(*NOTEBOOK_KERNEL, "trl", "datasets"),
+        carried=(*NOTEBOOK_BASE, "trl", "datasets"),
         uncarried=("unsloth", "unsloth_zoo"),
         uncarried_reason="needs Unsloth, which the GPU machine lacks; its wheel (28 MB for 2026.10.9) does "
                          "not fit one device call beside the other notebooks' wheels (64 MiB): run "
@@ -174,7 +176,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
         "09_axolotl_olmo3", 60, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
                     "axolotl_python": "python3"},
-        carried=NOTEBOOK_KERNEL,
+        carried=NOTEBOOK_BASE,
         uncarried=("axolotl",),
         uncarried_reason="needs Axolotl 0.13.2 in the python given as axolotl_python; its environment "
                          "(envs/axolotl/requirements.lock) is far more than a device call can carry",
@@ -184,7 +186,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
         "10_fast_and_elastic", 140, "tokens_per_s",
         parameters={"steps": 8, "profile_steps": 2, "straggler_ms": 0, "resume_world_sizes": [1, 2]},
-        carried=NOTEBOOK_KERNEL,
+        carried=NOTEBOOK_BASE,
         note_one_process="DDP over 1 GPU rank (the all-reduces are counted but move nothing); the elastic "
                          "save-on-2, resume-on-1-and-2 section ran on CPU processes"),
 )
