@@ -94,6 +94,16 @@ MUTATIONS = [
              "pair_world_size = 2 * fsdp_run[\"world_size\"]",
              r"measured per-rank model state differs from helpers.memory_plan's plan",
              _NB04_SMALL, slow=True),
+    Mutation("02_ddp_retinanet", "an untrained model logged in place of the trained one",
+             "    mlflow.pytorch.save_model(model, model_uri, **stored)",
+             "    mlflow.pytorch.save_model(build_retinanet(backbone, saved[\"num_classes\"], image_size, "
+             "fpn_channels, anchor_size, anchor_ratios), model_uri, **stored)",
+             r"the loaded model does not give the evaluation's detections",
+             dict(epochs=1, max_steps=2, parity_steps=2), slow=True),
+    Mutation("10_fast_and_elastic", "an untrained model logged in place of the trained one",
+             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
+             "    mlflow.pytorch.save_model(GPT(config), model_uri, signature=signature, input_example=examples,",
+             r"the loaded model does not give the evaluation's answers", _NB10_SMALL, slow=True),
     Mutation("03_lightning_two_tower_mds", "an untrained model logged in place of the trained one",
              "    mlflow.pytorch.save_model(recommender, model_uri, signature=signature, "
              "input_example=example_users,",
