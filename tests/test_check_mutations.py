@@ -102,7 +102,8 @@ MUTATIONS = [
              dict(epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("10_fast_and_elastic", "an untrained model logged in place of the trained one",
              "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
-             "    mlflow.pytorch.save_model(GPT(config), model_uri, signature=signature, input_example=examples,",
+             "    mlflow.pytorch.save_model(GPT(config), model_uri, signature=signature, "
+             "input_example=examples,",
              r"the loaded model does not give the evaluation's answers", _NB10_SMALL, slow=True),
     Mutation("03_lightning_two_tower_mds", "an untrained model logged in place of the trained one",
              "    mlflow.pytorch.save_model(recommender, model_uri, signature=signature, "
