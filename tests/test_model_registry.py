@@ -30,7 +30,7 @@ _LOAD_BY_NAME = textwrap.dedent("""
 
 
 # The same for a language model: MLflow's transformers loader gives the model and its tokenizer back, and the
-# logged input example (prompts in the chat template) is answered with the logged model_config's greedy decoding
+# logged input example (prompts in the chat template) is answered with the logged model_config (greedy)
 _LOAD_LLM_BY_NAME = textwrap.dedent("""
     import json, sys
     import mlflow
