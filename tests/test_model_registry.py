@@ -17,9 +17,9 @@ import pytest
 from helpers import tracking
 from tests.support import greedy_answers_by_name
 
-# A third process for a language model: MLflow's transformers loader gives the model and its tokenizer back,
-# and the logged input example (prompts in the chat template) is answered with the logged model_config (greedy);
-# nothing of the notebook or of helpers
+# A third process for a language model: MLflow's transformers loader gives the model and its tokenizer
+# back, and the logged input example (prompts in the chat template) is answered with the logged model_config
+# (greedy); nothing of the notebook or of helpers
 _LOAD_LLM_BY_NAME = textwrap.dedent("""
     import json, sys
     import mlflow
