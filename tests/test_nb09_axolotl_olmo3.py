@@ -2,11 +2,15 @@
 
 The stored notebook (Axolotl's do_train on 2 ranks in its own environment, LoRA + full embeddings on the
 tiny OLMo 3, the adapter reloaded with PEFT in the kernel) is executed by nbval, with its learning bar and
-reference run. The OLMo-3-7B command runs in tests/test_scale_up.py. Here: the bad settings that must fail
-before any launch, and before the YAML is written.
+reference run, and saves the merged model locally in MLflow's format. The OLMo-3-7B command runs in
+tests/test_scale_up.py. Here: the bad settings that must fail before any launch, and before the YAML is
+written, and the registry path (tracking on, register_as).
 """
 
 import pytest
+
+from helpers import tracking
+from tests.test_nb08_unsloth_llama import load_by_name
 
 pytestmark = pytest.mark.notebook
 
@@ -27,3 +31,17 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path):
         assert message in refusal.error
         assert "[rank" not in refusal.output   # nothing was launched
     assert not (bad_sft_inputs.model_without_tokenizer / "olmo3-lora.yml").exists()
+
+
+def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+    """Tracking on (a SQLite store of this test's own) and register_as: the merged model is registered, and a
+    fresh process (no Axolotl, no PEFT) loads it by name and gives the notebook's answers. 100 steps: enough
+    to answer something."""
+    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setenv(tracking.ENV_URI, store)
+    _, metrics = run_notebook("09_axolotl_olmo3", max_steps=100, n_test=8, register_as="tiny-olmo3-reverse")
+    assert metrics["logged_model_uri"] == "models:/tiny-olmo3-reverse/1"
+    answers = metrics["logged_model_answers"].split(" | ")
+    assert len(answers) == 4 and any(answers), answers
+    assert load_by_name(store, "models:/tiny-olmo3-reverse/1") == answers
