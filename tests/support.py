@@ -163,3 +163,42 @@ def greedy_answers_by_name(store: str, uri: str) -> list[int]:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# The same for a language model: MLflow's transformers loader gives the model and its tokenizer back, and the
+# logged input example (prompts in the chat template) is answered greedily, with the logged model_config where
+# the notebook logged one (else the built-in tasks' longest answer, 4 letters, + 2 tokens)
+_TEXT_BY_NAME = textwrap.dedent("""
+    import json, sys
+    import mlflow
+    import mlflow.pyfunc
+    import mlflow.transformers
+    import torch
+    from mlflow.models import Model
+
+    mlflow.set_tracking_uri(sys.argv[1])
+    folder = mlflow.artifacts.download_artifacts(sys.argv[2])
+    logged = Model.load(folder)
+    prompts = logged.load_input_example(folder)
+    prompts = list(prompts.iloc[:, 0]) if hasattr(prompts, "iloc") else list(prompts)
+    generation = logged.flavors["python_function"].get(mlflow.pyfunc.MODEL_CONFIG) or {
+        "max_new_tokens": 6, "do_sample": False}
+    parts = mlflow.transformers.load_model(folder, return_type="components")
+    model, tokenizer = parts["model"].eval(), parts["tokenizer"]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**batch, **generation, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id)
+    answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    print(json.dumps([a.strip() for a in answers]))
+""")
+
+
+def text_answers_by_name(store: str, uri: str) -> list[str]:
+    """A registered language model's greedy answers to its own input example, from a fresh process that has
+    MLflow, transformers and the registry, and nothing of the notebook, helpers, Unsloth or PEFT."""
+    done = subprocess.run([sys.executable, "-c", _TEXT_BY_NAME, store, uri], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

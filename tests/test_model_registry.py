@@ -8,48 +8,11 @@ notebook with tracking off, which saves the same model files locally and loads t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from helpers import tracking
-from tests.support import greedy_answers_by_name
-
-# A third process for a language model: MLflow's transformers loader gives the model and its tokenizer
-# back, and the logged input example (prompts in the chat template) is answered with the logged model_config
-# (greedy); nothing of the notebook or of helpers
-_LOAD_LLM_BY_NAME = textwrap.dedent("""
-    import json, sys
-    import mlflow
-    import mlflow.pyfunc
-    import mlflow.transformers
-    import torch
-    from mlflow.models import Model
-
-    mlflow.set_tracking_uri(sys.argv[1])
-    folder = mlflow.artifacts.download_artifacts(sys.argv[2])
-    logged = Model.load(folder)
-    prompts = list(logged.load_input_example(folder))
-    generation = logged.flavors["python_function"][mlflow.pyfunc.MODEL_CONFIG]   # the model_config logged
-    parts = mlflow.transformers.load_model(folder, return_type="components")
-    model, tokenizer = parts["model"].eval(), parts["tokenizer"]
-    tokenizer.padding_side = "left"
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**batch, **generation, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
-    answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-    print(json.dumps([a.strip() for a in answers]))
-""")
-
-
-def _llm_answers_by_name(store: str, uri: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", _LOAD_LLM_BY_NAME, store, uri], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+from tests.support import greedy_answers_by_name, text_answers_by_name
 
 
 def test_a_registry_name_is_checked_before_training(monkeypatch):
@@ -90,4 +53,4 @@ def test_05_registers_its_model_and_a_fresh_process_loads_it_by_name(run_noteboo
     assert metrics["logged_model_uri"] == "models:/sft-tiny-llama/1"
     answers = json.loads(metrics["logged_model_answers"])
     assert len(answers) == 8 and any(answers), answers   # something to reproduce
-    assert _llm_answers_by_name(registry, "models:/sft-tiny-llama/1") == answers
+    assert text_answers_by_name(registry, "models:/sft-tiny-llama/1") == answers

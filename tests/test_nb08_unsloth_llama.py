@@ -7,14 +7,9 @@ default only on GPUs. Here: the bad settings that must fail before any launch, a
 (tracking on, register_as).
 """
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-from helpers import tracking
+from tests.support import text_answers_by_name
 
 pytestmark = pytest.mark.notebook
 
@@ -35,47 +30,12 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs):
         assert "[rank" not in refusal.output   # nothing was launched
 
 
-# A fresh process: MLflow's transformers flavor and the registry, nothing of the notebook, Unsloth or PEFT. It
-# generates greedily after the logged input example's prompts, as the notebook's exact_match does, for the
-# longest answer of the built-in task (4 letters) + 2 tokens.
-_LOAD_BY_NAME = textwrap.dedent("""
-    import json, sys
-    import mlflow, mlflow.transformers, torch
-    from mlflow.models import Model
-
-    mlflow.set_tracking_uri(sys.argv[1])
-    local = mlflow.artifacts.download_artifacts(sys.argv[2])
-    prompts = Model.load(local).load_input_example(local)
-    prompts = list(prompts.iloc[:, 0]) if hasattr(prompts, "iloc") else list(prompts)
-    parts = mlflow.transformers.load_model(local, return_type="components")
-    model, tokenizer = parts["model"], parts["tokenizer"]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
-    answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    print(json.dumps([a.strip() for a in answers]))
-""")
-
-
-def load_by_name(store: str, uri: str) -> list[str]:
-    """The answers of the model registered at `uri`, loaded in a fresh process from the registry alone."""
-    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, store, uri], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
     """Tracking on (a SQLite store of this test's own) and register_as: the merged model is registered, and
     a fresh process loads it by name and gives the notebook's answers. 100 steps: enough to answer
     something."""
-    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
-    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
-    monkeypatch.setenv(tracking.ENV_URI, store)
     _, metrics = run_notebook("08_unsloth_llama", max_steps=100, n_test=8, register_as="tiny-llama-reverse")
     assert metrics["logged_model_uri"] == "models:/tiny-llama-reverse/1"
     answers = metrics["logged_model_answers"].split(" | ")
     assert len(answers) == 4 and any(answers), answers
-    assert load_by_name(store, "models:/tiny-llama-reverse/1") == answers
+    assert text_answers_by_name(registry, "models:/tiny-llama-reverse/1") == answers

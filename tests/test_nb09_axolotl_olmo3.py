@@ -9,8 +9,7 @@ written, and the registry path (tracking on, register_as).
 
 import pytest
 
-from helpers import tracking
-from tests.test_nb08_unsloth_llama import load_by_name
+from tests.support import text_answers_by_name
 
 pytestmark = pytest.mark.notebook
 
@@ -33,15 +32,12 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path):
     assert not (bad_sft_inputs.model_without_tokenizer / "olmo3-lora.yml").exists()
 
 
-def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
+def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
     """Tracking on (a SQLite store of this test's own) and register_as: the merged model is registered, and a
     fresh process (no Axolotl, no PEFT) loads it by name and gives the notebook's answers. 100 steps: enough
     to answer something."""
-    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
-    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
-    monkeypatch.setenv(tracking.ENV_URI, store)
     _, metrics = run_notebook("09_axolotl_olmo3", max_steps=100, n_test=8, register_as="tiny-olmo3-reverse")
     assert metrics["logged_model_uri"] == "models:/tiny-olmo3-reverse/1"
     answers = metrics["logged_model_answers"].split(" | ")
     assert len(answers) == 4 and any(answers), answers
-    assert load_by_name(store, "models:/tiny-olmo3-reverse/1") == answers
+    assert text_answers_by_name(registry, "models:/tiny-olmo3-reverse/1") == answers
