@@ -17,7 +17,6 @@ import textwrap
 
 import pytest
 
-from helpers import tracking
 from tests.support import stream_text
 
 pytestmark = pytest.mark.notebook
@@ -45,15 +44,12 @@ _LOAD_BY_NAME = textwrap.dedent("""
 """)
 
 
-def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, tmp_path, monkeypatch):
-    store = tracking.sqlite_uri(tmp_path / "mlflow.db")
-    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
-    monkeypatch.setenv(tracking.ENV_URI, store)
+def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
     nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="ddp", processes=1, n_test=16, max_steps=6,
                                run_parity=False, register_as="tiny-gpt-oss-sft")
     assert metrics["logged_model_uri"] == "models:/tiny-gpt-oss-sft/1"
     assert "logged to MLflow run" in stream_text(nb)
-    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, store, metrics["logged_model_uri"]],
+    done = subprocess.run([sys.executable, "-c", _LOAD_BY_NAME, registry, metrics["logged_model_uri"]],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == json.loads(metrics["logged_model_answers"])
