@@ -24,7 +24,7 @@ PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscop
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help run test mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl \
+.PHONY: help run test test-cluster mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl \
 	lock lock-axolotl gpu-check gpu-bundle
 
 ## venv: build .venv from requirements.lock (make run and make test do it on first use)
@@ -65,11 +65,16 @@ run: $(STAMP) $(AXOLOTL_STAMP)
 # The notebooks' MLflow logging is tested on its own (tests/test_gallery_runner.py); off for the notebook runs here.
 test: $(STAMP) $(AXOLOTL_STAMP)
 	$(BIN)/ruff check helpers tests benchmarks notebooks tools
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not mutation" $(NBVAL) tests notebooks $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m "not mutation and not cluster" $(NBVAL) tests notebooks \
+		$(ARGS)
 
 ## mutation: the slow tests of tests/test_check_mutations.py (each check fails on the bug it names)
 mutation: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m mutation tests/test_check_mutations.py $(ARGS)
+
+## test-cluster: the notebooks make test does not run on a two-node Ray cluster (tests/test_cluster_runs.py)
+test-cluster: $(STAMP) $(AXOLOTL_STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m cluster tests/test_cluster_runs.py $(ARGS)
 
 ## unit: the tests not marked `notebook` (no nbval, papermill, scale-up or mutation runs)
 unit: $(STAMP)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 # Set by the launchers in every rank (and for an in-process call): the torch backend the launch chose.
 BACKEND_ENV = "HELPERS_DIST_BACKEND"
+# Set by the Ray backend in every worker: the Ray node id of the machine the rank runs on.
+NODE_ENV = "HELPERS_NODE_ID"
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class WorkerContext:
     backend: str
     device: str  # "cuda:<local_rank>" or "cpu"
     attempt: int = 0  # 0, then 1, 2... when max_restarts restarted the group (TORCHELASTIC_RESTART_COUNT)
+    node: str = ""    # the machine the rank runs on: its Ray node id on a cluster, else the host name
 
     @property
     def is_main(self) -> bool:
@@ -30,8 +33,12 @@ def worker_context() -> WorkerContext:
     The backend is the launcher's choice (nccl with one GPU per rank, gloo on CPU) unless overridden,
     so a notebook can pass `ctx.backend` and `ctx.device` to the real torch calls it makes. `attempt`
     says which run of the group this is after `max_restarts` restarted it (both backends set torch
-    elastic's `TORCHELASTIC_RESTART_COUNT`), so a rank can resume instead of starting over.
+    elastic's `TORCHELASTIC_RESTART_COUNT`), so a rank can resume instead of starting over. `node` names
+    the machine: on a Ray cluster its node id (several nodes may share a host, as in the tests' simulated
+    cluster), else the host name; a notebook returns it so that the reader sees where the ranks ran.
     """
+    import socket
+
     import torch
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -45,4 +52,5 @@ def worker_context() -> WorkerContext:
         backend=backend,
         device=device,
         attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        node=os.environ.get(NODE_ENV) or socket.gethostname(),
     )

@@ -34,6 +34,25 @@ def run_notebook(tmp_path):
     return run
 
 
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A simulated Ray cluster of two nodes with one CPU each, on this machine: what a notebook's `cluster`
+    parameter joins in tests/test_cluster_runs.py (its address), and the launcher's own two-node tests.
+
+    Each node gets 512 MiB of object store (Ray's test cluster gives 150 MiB): a notebook's arguments (01's
+    arrays, 02's images) travel through it.
+    """
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                            "object_store_memory": 512 << 20})
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=512 << 20)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
 
 @dataclass
 class Refusal:

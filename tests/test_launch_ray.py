@@ -90,17 +90,9 @@ def test_private_instance_runs_ranks_and_leaves_nothing(capfd):
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
-    """A simulated two-node Ray cluster on this machine, one CPU per node (shared by the last two tests)."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        cluster.shutdown()
+def two_nodes(two_node_cluster):
+    """The simulated two-node cluster of tests/conftest.py, shared by the last tests here."""
+    return two_node_cluster
 
 
 @pytest.fixture
@@ -190,7 +182,8 @@ def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
             losses.append(loss.item())
         weights = torch.cat([p.detach().flatten() for p in model.parameters()])
         dist.destroy_process_group()
-        return {"node": ray.get_runtime_context().get_node_id(), "rank": ctx.rank,
+        assert ctx.node == ray.get_runtime_context().get_node_id(), "worker_context() names the Ray node"
+        return {"node": ctx.node, "rank": ctx.rank,
                 "local_rank": ctx.local_rank, "weights": weights, "losses": losses}
 
     results = train.distributed(30)
@@ -204,3 +197,21 @@ def test_two_node_cluster_trains_together(two_nodes, monkeypatch):
     assert {s["desc"] for s in states} == {"rank 0"}, "rank 0's bar, and only it, reaches the driver"
     assert states[-1]["n"] == states[-1]["total"] == 30 and states[-1]["closed"], states[-1]
     assert any(0 < s["n"] < 30 for s in states), "the bar did not move while the ranks trained"
+
+
+def test_a_folder_a_worker_cannot_see_fails_before_training(two_nodes, tmp_path):
+    """What a rank on another machine meets when output_dir is local to the notebook's: the marker the
+    notebook's process wrote is not there. Simulated by removing it (both nodes share this disk)."""
+    from helpers.shared_storage import SharedStorageError, shared_paths
+
+    @distributed(processes=2, cluster=two_nodes.address)
+    def train(shared):
+        shared.check()
+        return "trained"
+
+    with shared_paths(output_dir=tmp_path / "out") as shared:
+        assert train.distributed(shared) == ["trained", "trained"]
+        os.remove(shared.paths[0].marker)
+        with pytest.raises(SharedStorageError, match=r"rank \d on node [0-9a-f]{16,} cannot see the folder "
+                           r"output_dir=.*/out .*storage every node reaches"):
+            train.distributed(shared)

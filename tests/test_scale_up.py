@@ -8,7 +8,7 @@ with its set, on CPU, with these differences only, each named in `RUNS` with its
 
 * stand-ins for what cannot be downloaded or reached here: data folders (COCO 640 x 480 JPEGs, a MovieLens
   folder at the ml-25m shape, FashionMNIST's IDX files at full size), a saved Llama-3.2-shaped model folder,
-  a ResNet-50 checkpoint file, a Ray cluster (started here; `cluster_address="auto"` finds it), an MLflow
+  a ResNet-50 checkpoint file, a Ray cluster (started here; `cluster="auto"` finds it), an MLflow
   store (a local SQLite file in place of a server) and output folders;
 * `max_steps` (the shared step cap) and, where one step at the advertised batch would take minutes on two
   CPU cores, a smaller batch and fewer parity steps.
@@ -363,7 +363,7 @@ def test_10_scale_up_10m_preset_resumed_on_1_and_4_ranks(run_notebook, tmp_path)
 
 @pytest.fixture
 def ray_cluster(monkeypatch):
-    """A Ray cluster started outside the notebook, found by `cluster_address="auto"` through RAY_ADDRESS."""
+    """A Ray cluster started outside the notebook, found by `cluster="auto"` through RAY_ADDRESS."""
     from ray.cluster_utils import Cluster
 
     # Ray's test Cluster gives a node 150 MiB of object store (ray.init's default is 30% of the memory): the

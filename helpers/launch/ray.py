@@ -57,6 +57,7 @@ from typing import Any
 
 import cloudpickle
 
+from helpers.context import NODE_ENV
 from helpers.env import temporary_environ
 from helpers.launch import _compat
 from helpers.launch.errors import RankExit, RankFailedError, RankFailure, job_failure
@@ -77,7 +78,7 @@ _POLL_SECONDS = 0.2
 # Variables Ray (or this module) sets per worker; the caller's copies must not replace them.
 WORKER_KEYS = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_TORCH_DEVICE", "PWD",
+    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_TORCH_DEVICE", "PWD", NODE_ENV,
 })
 WORKER_PREFIXES = ("RAY_", "TORCHELASTIC_")
 
@@ -192,6 +193,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
     payload = Payload.from_bytes(ray.get(config["payload"]))
     payload.apply(same_machine=False, worker_keys=WORKER_KEYS, worker_prefixes=WORKER_PREFIXES)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+    os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()
 
     def shard(value: Any) -> Any:
         return ray.train.get_dataset_shard(value.name) if isinstance(value, _DatasetShard) else value
