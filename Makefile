@@ -72,9 +72,9 @@ test: $(STAMP) $(AXOLOTL_STAMP)
 mutation: $(STAMP) $(AXOLOTL_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m mutation tests/test_check_mutations.py $(ARGS)
 
-## test-cluster: the notebooks make test does not run on a two-node Ray cluster (tests/test_cluster_runs.py)
+## test-cluster: the two-node Ray cluster runs of the notebooks that make test leaves out (tests marked cluster)
 test-cluster: $(STAMP) $(AXOLOTL_STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m cluster tests/test_cluster_runs.py $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider $(PARALLEL) -m cluster tests $(ARGS)
 
 ## unit: the tests not marked `notebook` (no nbval, papermill, scale-up or mutation runs)
 unit: $(STAMP)

@@ -34,10 +34,11 @@ def run_notebook(tmp_path):
     return run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_node_cluster():
     """A simulated Ray cluster of two nodes with one CPU each, on this machine: what a notebook's `cluster`
-    parameter joins in tests/test_cluster_runs.py (its address), and the launcher's own two-node tests.
+    parameter joins in its two-node test (the address), and the launcher's own two-node tests. One per test
+    process (xdist worker), started when a test first asks for it.
 
     Each node gets 512 MiB of object store (Ray's test cluster gives 150 MiB): a notebook's arguments (01's
     arrays, 02's images) travel through it.
