@@ -42,7 +42,8 @@ def test_the_registered_model_ranks_in_a_fresh_process_as_the_notebook_did(run_n
                               epochs=1, max_steps=4, run_parity=False, register_as="two-tower",
                               mds_dir=str(tmp_path / "mds"), cluster=two_node_cluster.address)
     assert metrics["nodes"] == 2
-    assert (metrics["strategy"], metrics["cluster_environment"]) == ("RayDDPStrategy", "RayLightningEnvironment")
+    assert metrics["strategy"] == "RayDDPStrategy"                      # Ray Train's Lightning integration
+    assert metrics["cluster_environment"] == "RayLightningEnvironment"
     assert metrics["logged_model_uri"] == "models:/two-tower/1"
     answers = [[int(m) for m in top.split()] for top in metrics["logged_model_answers"].split(" | ")]
     done = subprocess.run([sys.executable, "-c", _RANK_BY_NAME, registry, "models:/two-tower/1"],
