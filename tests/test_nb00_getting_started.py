@@ -2,8 +2,9 @@
 
 Each section of the notebook asserts what it shows (one result per rank, the all_reduce sum, the rank's own
 exception, the attempt after a restart, the in-process call, the Ray run), so nbval's execution is the test of
-the tour itself. Here: bad parameters are refused before anything is launched, and the notebook's map of the
-gallery, like the README's table, lists every other notebook.
+the tour itself. Here: bad parameters are refused before anything is launched, the notebook's map of the
+gallery, like the README's table, lists every other notebook, and (make test-cluster) the whole tour runs on
+the two-node Ray cluster.
 """
 
 from __future__ import annotations
@@ -51,3 +52,14 @@ def test_bad_parameters_are_refused_before_any_launch(refusals):
     assert "max_steps=0: set a whole number of steps" in zero_cap.error
     assert no_steps.error == "ValueError: steps=0: set a whole number of steps >= 1."
     assert "[rank" not in zero_cap.output + no_steps.output   # nothing was launched
+
+
+@pytest.mark.notebook
+@pytest.mark.cluster
+def test_the_tour_runs_on_a_two_node_cluster(run_notebook, two_node_cluster):
+    """Every launch of the tour on the two-node Ray cluster (one rank per node): the sections assert what they
+    show there too (the all_reduce sum, the failing rank's own exception, the restarted group, the in-process
+    call), and the ranks ran on both nodes."""
+    _, metrics = run_notebook(STEM, cluster=two_node_cluster.address, max_steps=5)
+    assert metrics["nodes"] == 2
+    assert metrics["processes"] == 2

@@ -3,8 +3,9 @@
 The defaults (processes='auto' = 2 CPU processes here) are covered by nbval over notebooks/, the scale-up
 run (ml-25m's shape, bigger batches and embeddings, an MLflow store given by `tracking_uri`) by
 test_scale_up.py. This file: a bad ratings file, which must fail in the notebook before any MDS shard is
-written (the builder and MDS helpers are tested directly in tests/test_data_movielens.py), and the trained
-model registered by name with tracking on, then loaded from the registry by a fresh process.
+written (the builder and MDS helpers are tested directly in tests/test_data_movielens.py), and a run on the
+two-node Ray cluster whose trained model is registered by name with tracking on, then loaded from the
+registry by a fresh process.
 """
 
 import json
@@ -31,13 +32,18 @@ _RANK_BY_NAME = textwrap.dedent("""
 """)
 
 
-def test_the_registered_model_ranks_in_a_fresh_process_as_the_notebook_did(run_notebook, registry, tmp_path):
-    """Registered by name into Lightning's run; a process with MLflow alone loads it from the registry and
+def test_the_registered_model_ranks_in_a_fresh_process_as_the_notebook_did(run_notebook, registry, tmp_path,
+                                                                          two_node_cluster):
+    """Trained on the two-node Ray cluster (one rank per node) through Ray Train's Lightning integration, then
+    registered by name into Lightning's run; a process with MLflow alone loads it from the registry and
     ranks every movie for the input example's users: the notebook's top 10 of each (seen movies left out) is
     that ranking with only the user's seen movies skipped, so it appears there in the same order."""
     _, metrics = run_notebook("03_lightning_two_tower_mds", num_users=200, num_movies=100, eval_users=50,
                               epochs=1, max_steps=4, run_parity=False, register_as="two-tower",
-                              mds_dir=str(tmp_path / "mds"))
+                              mds_dir=str(tmp_path / "mds"), cluster=two_node_cluster.address)
+    assert metrics["nodes"] == 2
+    assert metrics["strategy"] == "RayDDPStrategy"                      # Ray Train's Lightning integration
+    assert metrics["cluster_environment"] == "RayLightningEnvironment"
     assert metrics["logged_model_uri"] == "models:/two-tower/1"
     answers = [[int(m) for m in top.split()] for top in metrics["logged_model_answers"].split(" | ")]
     done = subprocess.run([sys.executable, "-c", _RANK_BY_NAME, registry, "models:/two-tower/1"],
@@ -51,7 +57,6 @@ def test_the_registered_model_ranks_in_a_fresh_process_as_the_notebook_did(run_n
     client = tracking.client_for(registry)
     runs = client.search_runs([client.get_experiment_by_name("03_lightning_two_tower_mds").experiment_id])
     assert len(runs) == 1, "one notebook run, one MLflow run"
-
 
 
 def test_bad_ratings_fail_before_any_mds(refusals, tmp_path):
