@@ -46,6 +46,17 @@ MUTATIONS = [
              "    dist.all_reduce(value)   # the default operation: the sum over every rank",
              "    pass",
              r"all_reduce did not sum over the ranks", slow=True),
+    Mutation("00_getting_started", "a restart that never happens (no rank fails on the first attempt)",
+             "    if ctx.rank == ctx.world_size - 1 and ctx.attempt == 0:", "    if False:",
+             r"every rank should finish on attempt 1", dict(max_steps=5), slow=True),
+    Mutation("03_lightning_two_tower_mds", "Lightning in its own environment, not torch elastic's",
+             '        placement = dict(devices=ctx.local_world_size, num_nodes=1, strategy="ddp")',
+             "        from lightning.pytorch.plugins.environments import LightningEnvironment\n"
+             '        placement = dict(devices=ctx.local_world_size, num_nodes=1, strategy="ddp", '
+             "plugins=[LightningEnvironment()])",
+             r"on this machine it must run DDPStrategy in TorchElasticEnvironment",
+             dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False),
+             slow=True),
     Mutation("01_ddp_mlp", "the ranks' gradients summed instead of averaged",
              "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
              "            scaler.scale(loss * ctx.world_size).backward()",

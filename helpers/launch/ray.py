@@ -26,7 +26,8 @@ What differs (Ray decides these, not us):
   string is an address for `ray.init(address=...)`. A connection the launcher opened is closed again.
 * `processes="auto"` means every GPU of the cluster (else 2 CPU workers); `device="auto"` uses GPUs when
   the cluster has any. Each worker reserves one CPU (and one GPU on GPU runs); the workers are placed by
-  Ray, possibly on several machines, so `LOCAL_RANK`/`LOCAL_WORLD_SIZE` count the workers per node.
+  Ray, possibly on several machines, so `LOCAL_RANK`/`LOCAL_WORLD_SIZE` count the workers per machine
+  (Ray Train groups them by IP address: simulated nodes on one machine count as one).
   `train.plan()` still describes the local launch; it does not ask the cluster.
 * `threads_per_process`: Ray sets `OMP_NUM_THREADS` to the worker's CPUs (1); pass a number to change it.
 * the caller's environment and import path only fill in what a worker's node lacks (its own values stay);
