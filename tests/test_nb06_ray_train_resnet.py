@@ -32,11 +32,11 @@ def test_bad_fail_at_epoch_is_refused_before_training(refusals):
 
 @pytest.mark.cluster
 def test_on_two_nodes_one_worker_each_and_the_lost_worker_resumes(run_notebook, two_node_cluster):
-    """On a Ray cluster of two 1-CPU nodes (`cluster` = its address), at the defaults: each worker on a node of
-    its own, the storage folder seen by both before training, and the worker-loss demo: the run resumes from the
-    checkpoint of epoch 1 on a new worker group and passes the notebook's checks (the restored state, the
-    accuracy bar, the reference runs). Smaller runs stop short of the accuracy bar, and max_steps, which would
-    lift it, leaves too few steps for the crash demo."""
+    """On a Ray cluster of two 1-CPU nodes (`cluster` = its address), at the defaults: each worker on a node
+    of its own, the storage folder seen by both before training, and the worker-loss demo: the run resumes
+    from the checkpoint of epoch 1 on a new worker group and passes the notebook's checks (the restored
+    state, the accuracy bar, the reference runs). Smaller runs stop short of the accuracy bar, and
+    max_steps, which would lift it, leaves too few steps for the crash demo."""
     _, metrics = run_notebook("06_ray_train_resnet", cluster=two_node_cluster.address)
     assert metrics["nodes"] == 2
     assert metrics["workers"] == 2

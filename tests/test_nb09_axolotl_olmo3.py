@@ -15,8 +15,9 @@ pytestmark = pytest.mark.notebook
 
 
 def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path, two_node_cluster):
-    """Among them, `cluster` naming a Ray cluster without GPUs (the two 1-CPU nodes): Axolotl 0.13.2's Ray path
-    asks every worker for a GPU and would wait forever for it, so the settings check refuses, naming the fix."""
+    """Among them, `cluster` naming a Ray cluster without GPUs (the two 1-CPU nodes): Axolotl 0.13.2's Ray
+    path asks every worker for a GPU and would wait forever for it, so the settings check refuses, naming
+    the fix."""
     cases = {
         "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
         "holds a model but no tokenizer": {"model_name": str(bad_sft_inputs.model_without_tokenizer)},
@@ -34,7 +35,8 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path, two
         assert message in refusal.error
         assert "[rank" not in refusal.output   # nothing was launched
     assert not (bad_sft_inputs.model_without_tokenizer / "olmo3-lora.yml").exists()
-    assert "Run with cluster=None (this machine's CPUs or GPUs), or on a Ray cluster with GPUs" in refusal.error
+    fix = "Run with cluster=None (this machine's CPUs or GPUs), or on a Ray cluster with GPUs"
+    assert fix in refusal.error   # the last case: the cluster without GPUs
 
 
 def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
