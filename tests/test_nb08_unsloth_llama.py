@@ -3,8 +3,8 @@
 The stored notebook (Unsloth, LoRA + full embeddings on the tiny Llama 3.2, 2 processes) is executed by
 nbval, with its learning bar and reference run, and saves the merged model locally in MLflow's format. The
 Llama-3.2-3B command runs in tests/test_scale_up.py, with the plain TRL + PEFT comparison that is on by
-default only on GPUs. Here: the bad settings that must fail before any launch, and the registry path
-(tracking on, register_as).
+default only on GPUs. Here: the bad settings that must fail before any launch, the registry path
+(tracking on, register_as), and (make test-cluster) the run on a Ray cluster of two nodes.
 """
 
 import pytest
@@ -39,3 +39,14 @@ def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_not
     answers = metrics["logged_model_answers"].split(" | ")
     assert len(answers) == 4 and any(answers), answers
     assert text_answers_by_name(registry, "models:/tiny-llama-reverse/1") == answers
+
+
+@pytest.mark.cluster
+def test_on_two_nodes_one_rank_each(run_notebook, two_node_cluster):
+    """On a Ray cluster of two 1-CPU nodes (`cluster` = its address): the ranks are Ray workers, one per node,
+    each checks the model folder, output_dir and the scratch folder first, and the notebook's checks pass (one
+    result per rank, DDP, the same adapter on both ranks, the trainable count planned). A few steps."""
+    _, metrics = run_notebook("08_unsloth_llama", cluster=two_node_cluster.address, max_steps=5, n_train=64,
+                              n_test=8)
+    assert metrics["nodes"] == 2
+    assert metrics["processes"] == 2

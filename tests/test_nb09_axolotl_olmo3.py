@@ -4,7 +4,7 @@ The stored notebook (Axolotl's do_train on 2 ranks in its own environment, LoRA 
 tiny OLMo 3, the adapter reloaded with PEFT in the kernel) is executed by nbval, with its learning bar and
 reference run, and saves the merged model locally in MLflow's format. The OLMo-3-7B command runs in
 tests/test_scale_up.py. Here: the bad settings that must fail before any launch, and before the YAML is
-written, and the registry path (tracking on, register_as).
+written (a Ray cluster without GPUs among them), and the registry path (tracking on, register_as).
 """
 
 import pytest
@@ -14,7 +14,10 @@ from tests.support import text_answers_by_name
 pytestmark = pytest.mark.notebook
 
 
-def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path):
+def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path, two_node_cluster):
+    """Among them, `cluster` naming a Ray cluster without GPUs (the two 1-CPU nodes): Axolotl 0.13.2's Ray
+    path asks every worker for a GPU and would wait forever for it, so the settings check refuses, naming
+    the fix."""
     cases = {
         "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
         "holds a model but no tokenizer": {"model_name": str(bad_sft_inputs.model_without_tokenizer)},
@@ -25,11 +28,15 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path):
         "load_in_4bit='yes': use one of 'auto', True, False": {"load_in_4bit": "yes"},
         "batch_size=30 does not split evenly over 4 processes": {"batch_size": 30, "processes": 4},
         "Axolotl's environment is not built": {"axolotl_python": str(tmp_path / "no-venv" / "python")},
+        "this Ray cluster has no GPU. With `cluster` set, this notebook trains with Axolotl's own Ray path":
+            {"cluster": two_node_cluster.address},
     }
     for message, refusal in zip(cases, refusals("09_axolotl_olmo3", *cases.values()), strict=True):
         assert message in refusal.error
         assert "[rank" not in refusal.output   # nothing was launched
     assert not (bad_sft_inputs.model_without_tokenizer / "olmo3-lora.yml").exists()
+    fix = "Run with cluster=None (this machine's CPUs or GPUs), or on a Ray cluster with GPUs"
+    assert fix in refusal.error   # the last case: the cluster without GPUs
 
 
 def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
