@@ -38,7 +38,7 @@ def base_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _recorder(trainer: Any) -> Any:
+def _recorder(trainer: Any, cfg: Any) -> Any:
     from transformers import TrainerCallback
 
     class Recorder(TrainerCallback):
@@ -64,8 +64,26 @@ def _recorder(trainer: Any) -> Any:
                 total=sum(p.numel() for p in model.parameters()),
                 four_bit=bool(getattr(base_model(model), "is_loaded_in_4bit", False)),
             )
+            if cfg.use_ray:   # Axolotl's Ray path returns nothing per rank: the notebook reads this file back
+                _write_record(cfg.output_dir)
 
     return Recorder()
+
+
+def _write_record(output_dir: str) -> None:
+    """This rank's RECORD, its Ray node and the versions, as <output_dir>/gallery-record-rank<RANK>.json."""
+    import importlib.metadata
+    import json
+    import os
+    from pathlib import Path
+
+    import ray
+
+    record = dict(RECORD, node=ray.get_runtime_context().get_node_id(),
+                  axolotl=importlib.metadata.version("axolotl"),
+                  transformers=importlib.metadata.version("transformers"))
+    path = Path(output_dir) / f"gallery-record-rank{os.environ.get('RANK', '0')}.json"
+    path.write_text(json.dumps(record))
 
 
 class GalleryPlugin(BasePlugin):
@@ -76,4 +94,4 @@ class GalleryPlugin(BasePlugin):
 
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
-        return [transformers_progress_callback("Axolotl"), _recorder(trainer)]
+        return [transformers_progress_callback("Axolotl"), _recorder(trainer, cfg)]
