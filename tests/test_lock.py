@@ -135,6 +135,8 @@ def test_axolotl_environment_locks_what_it_asks_for_on_the_gallerys_torch():
                     "run `make lock-axolotl`")
     for name, version in _pins(ROOT / "lock-constraints.txt").items():
         assert pins[name] == version, f"envs/axolotl pins {name}=={pins[name]}, the gallery {version}"
+    # 09 on a cluster: Axolotl's environment drives the same Ray cluster the gallery's notebooks join
+    assert pins["ray"] == _pins(ROOT / "requirements.lock")["ray"], "one Ray version in both environments"
 
 
 def test_a_package_built_without_isolation_is_installed_after_the_rest(tmp_path):
