@@ -1,11 +1,11 @@
 """Notebook 07 under papermill with parameters other than the stored defaults.
 
 The stored notebook (FSDP, full fine-tuning, 2 processes, with the DDP-vs-FSDP parity runs) is executed by
-nbval, with its learning bar and reference run. This file runs the other kind of training, FSDP with LoRA, on a
-two-node Ray cluster (one rank per node), for a few steps (`max_steps`): the LoRA checks (a gradient in every
-adapter matrix, moved expert adapters) and the adapter's save / reload / evaluation hold at any size. The
-120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. The fine-tuned model is
-logged to MLflow and registered with `register_as` (tracking on, a SQLite store of the test's own): a fresh
+nbval, with its learning bar and reference run. This file runs the other kind of training, FSDP with LoRA, on
+a two-node Ray cluster (one rank per node), for a few steps (`max_steps`): the LoRA checks (a gradient in
+every adapter matrix, moved expert adapters) and the adapter's save / reload / evaluation hold at any size.
+The 120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. The fine-tuned model
+is logged to MLflow and registered with `register_as` (tracking on, a SQLite store of the test's own): a fresh
 process loads it by name from the registry alone, with MLflow's pyfunc loader, and answers the logged input
 example as the notebook did. And the bad settings that must fail before any launch.
 """
