@@ -24,8 +24,8 @@ pytestmark = pytest.mark.notebook
 
 def test_fsdp_lora_on_two_nodes(run_notebook, two_node_cluster):
     """FSDP2 + LoRA with one rank on each node of a two-node Ray cluster."""
-    nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="fsdp", peft="lora", processes=2, n_test=16,
-                               max_steps=6, run_parity=False, cluster=two_node_cluster.address)
+    nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="fsdp", peft="lora", processes=2, n_train=400,
+                               n_test=16, max_steps=6, run_parity=False, cluster=two_node_cluster.address)
     assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and metrics["processes"] == 2
     assert metrics["nodes"] == 2
     out = stream_text(nb)
