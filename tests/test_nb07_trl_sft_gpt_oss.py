@@ -1,11 +1,11 @@
 """Notebook 07 under papermill with parameters other than the stored defaults.
 
 The stored notebook (FSDP, full fine-tuning, 2 processes, with the DDP-vs-FSDP parity runs) is executed by
-nbval, with its learning bar and reference run. This file runs the other strategy and the other kind of
-training, DDP with LoRA on 1 process, for a few steps (`max_steps`): the LoRA checks (a gradient in every
-adapter matrix, moved expert adapters) and the adapter's save / reload / evaluation hold at any size. The
-120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. The fine-tuned model is
-logged to MLflow and registered with `register_as` (tracking on, a SQLite store of the test's own): a fresh
+nbval, with its learning bar and reference run. This file runs the other kind of training, FSDP with LoRA, on
+a two-node Ray cluster (one rank per node), for a few steps (`max_steps`): the LoRA checks (a gradient in
+every adapter matrix, moved expert adapters) and the adapter's save / reload / evaluation hold at any size.
+The 120B-shaped FSDP + LoRA command runs in tests/test_scale_up.py, on an MXFP4 stand-in. The fine-tuned model
+is logged to MLflow and registered with `register_as` (tracking on, a SQLite store of the test's own): a fresh
 process loads it by name from the registry alone, with MLflow's pyfunc loader, and answers the logged input
 example as the notebook did. And the bad settings that must fail before any launch.
 """
@@ -22,12 +22,15 @@ from tests.support import stream_text
 pytestmark = pytest.mark.notebook
 
 
-def test_ddp_lora_one_process(run_notebook):
-    nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="ddp", peft="lora", processes=1, n_test=16,
-                               max_steps=6, run_parity=False)
-    assert metrics["strategy"] == "ddp" and metrics["peft"] == "lora" and metrics["processes"] == 1
+def test_fsdp_lora_on_two_nodes(run_notebook, two_node_cluster):
+    """FSDP2 + LoRA with one rank on each node of a two-node Ray cluster."""
+    nb, metrics = run_notebook("07_trl_sft_gpt_oss", strategy="fsdp", peft="lora", processes=2, n_train=400,
+                               n_test=16, max_steps=6, run_parity=False, cluster=two_node_cluster.address)
+    assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and metrics["processes"] == 2
+    assert metrics["nodes"] == 2
     out = stream_text(nb)
-    assert "DDP fine-tuning: 6 steps" in out
+    assert "2 ranks ran on 2 node(s)" in out
+    assert "FSDP fine-tuning: 6 steps" in out
     assert "adapter matrices received a gradient; the 8 expert adapter matrices changed" in out
     assert "saved adapter: ['adapter_config.json', 'adapter_model.safetensors']" in out
     assert "the loaded model answers all 16 held-out prompts as the evaluation did" in out
