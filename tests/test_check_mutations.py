@@ -57,6 +57,18 @@ MUTATIONS = [
              r"on this machine it must run DDPStrategy in TorchElasticEnvironment",
              dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False),
              slow=True),
+    Mutation("05_deepspeed_zero_sft", "output_dir on storage the ranks' nodes do not see",
+             "    results = train.distributed(cfg, shared)",
+             "    os.remove(shared.paths[-1].marker)   # what a rank sees when output_dir is another node's\n"
+             "    results = train.distributed(cfg, shared)",
+             r"cannot see the folder output_dir=.*storage every node reaches",
+             dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
+    Mutation("07_trl_sft_gpt_oss", "output_dir on storage the ranks' nodes do not see",
+             "    results = train.distributed(cfg, shared)",
+             "    os.remove(shared.paths[-1].marker)   # what a rank sees when output_dir is another node's\n"
+             "    results = train.distributed(cfg, shared)",
+             r"cannot see the folder output_dir=.*storage every node reaches",
+             dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("06_ray_train_resnet", "storage_path on a disk the workers' node does not see",
              '    config["shared"] = shared\n',
              '    config["shared"] = shared\n    for item in shared.paths:\n        os.remove(item.marker)\n',
