@@ -2,8 +2,8 @@
 
 The defaults (processes='auto' = 2 CPU processes here) are covered by nbval over notebooks/, so this
 file runs the other cases: one process on a user's CSV, a broken training, bad input, and (make test-cluster)
-every launch on the two-node Ray cluster. The notebook's own
-assertions (accuracy, 1-vs-N parity) run inside it; a failing one fails the execution.
+every launch on the two-node Ray cluster. The notebook's own assertions (accuracy, 1-vs-N parity) run inside
+it; a failing one fails the execution.
 """
 
 import pytest
