@@ -1,8 +1,9 @@
 """Notebook 01 under papermill with parameters other than the stored defaults.
 
 The defaults (processes='auto' = 2 CPU processes here) are covered by nbval over notebooks/, so this
-file runs the other cases: one process on a user's CSV, a broken training, bad input. The notebook's own
-assertions (accuracy, 1-vs-N parity) run inside it; a failing one fails the execution.
+file runs the other cases: one process on a user's CSV, a broken training, bad input, and (make test-cluster)
+every launch on the two-node Ray cluster. The notebook's own assertions (accuracy, 1-vs-N parity) run inside
+it; a failing one fails the execution.
 """
 
 import pytest
@@ -47,3 +48,17 @@ def test_bad_input_is_refused_before_launch(refusals, tmp_path):
     assert "has no digits.csv" in missing.error
     assert "max_steps=0: set a whole number of steps" in zero.error
     assert "[rank" not in missing.output + zero.output   # nothing was launched
+
+
+@pytest.mark.cluster
+def test_two_nodes(run_notebook, two_node_cluster):
+    """cluster=<address>: the training and both parity launches run as Ray workers, one rank per node; the
+    arrays travel with the call (nothing to mark as shared). Capped at 6 steps: the checks that hold at any
+    length run (parity 1 vs 2 ranks, driver == distributed evaluation, a new shuffle each epoch)."""
+    nb, metrics = run_notebook("01_ddp_mlp", processes=2, cluster=two_node_cluster.address, epochs=2,
+                               max_steps=6, parity_steps=4)
+    out = stream_text(nb)
+    assert metrics["nodes"] == 2
+    assert "2 rank(s) ran on 2 node(s)" in out and "all checks passed" in out
+    assert metrics["parity_max_abs_diff"] < 1e-3
+    assert "[rank1] rank 1/2 on cpu" in out   # rank 1's own line came back from the other node

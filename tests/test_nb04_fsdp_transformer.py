@@ -1,13 +1,16 @@
 """Notebook 04 under papermill with parameters other than the stored defaults.
 
 The defaults (2 CPU processes, the crash demo included) are covered by nbval over notebooks/. Here:
-one process on a user's text (text_path), the failure-and-resume path on its own, capped at 12 steps, with
-2 processes, the trained model registered in MLflow and loaded by name in a fresh process, and bad arguments
-refused before any launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
+one process on a user's text (text_path), the failure-and-resume path on its own on the two-node Ray cluster,
+capped at 12 steps, a checkpoint folder the ranks cannot see refused before training (make test-cluster), the
+trained model registered in MLflow and loaded by name in a fresh process, and bad arguments refused before any
+launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
 resumed == uninterrupted, the measured model state per rank == helpers.memory_plan's plan, the loaded model ==
 the driver's evaluation) run inside it; a failing one fails the execution.
 """
 
+
+import re
 
 import pytest
 
@@ -51,24 +54,67 @@ def test_one_process_on_user_text(run_notebook, tmp_path):
     assert "[rank0] step  100" in out     # the rank's own lines reached the cell, prefixed
 
 
-def test_crash_and_resume(run_notebook, tmp_path):
-    """A rank dies at step 6; the group restarts, resumes from step 4 and matches the uninterrupted run.
+def test_crash_and_resume_on_two_nodes(run_notebook, tmp_path, two_node_cluster):
+    """On the two-node Ray cluster, one rank a node: FSDP2 trains and writes DCP checkpoints from both nodes;
+    a rank dies at step 6, Ray Train restarts the group, which resumes from step 4 and matches the
+    uninterrupted run.
 
     With activation checkpointing on: recomputing activations must not change a single loss. Capped at 12
     steps (of a 60-step schedule): the crash demo at the defaults is nbval's run.
     """
     ckpt = tmp_path / "ckpt"
-    nb, metrics = run_notebook("04_fsdp_transformer", processes=2, fail_at_step=6, checkpoint_dir=str(ckpt),
-                               activation_checkpointing=True,
+    nb, metrics = run_notebook("04_fsdp_transformer", processes=2, cluster=two_node_cluster.address,
+                               fail_at_step=6, checkpoint_dir=str(ckpt), activation_checkpointing=True,
                                **dict(SMALL, checkpoint_every=4, max_steps=12, eval_batches=1))
     out = stream_text(nb)
+    assert metrics["nodes"] == 2 and "2 rank(s) ran on 2 node(s)" in out
     assert "[rank1] rank 1: simulated crash at step 6" in out
     assert "[rank0] attempt 1: resumed from step_000004" in out
     assert metrics["resume_max_abs_diff"] < 1e-5
-    # Only complete checkpoints remain under their final names; the last two are kept.
+    # Only complete checkpoints remain under their final names; the last two are kept (and no marker file).
     assert sorted(p.name for p in (ckpt / "main").iterdir()) == ["step_000008", "step_000012"]
     assert sorted(p.name for p in (ckpt / "crash_demo").iterdir()) == ["step_000008", "step_000010"]
     assert all((p / ".metadata").exists() for p in (ckpt / "main").iterdir())
+
+
+@pytest.mark.cluster
+def test_a_checkpoint_folder_a_rank_cannot_see_fails_before_training(run_notebook, tmp_path,
+                                                                     two_node_cluster):
+    """checkpoint_dir on a disk the other machines do not share: the ranks find the folder (or a folder of the
+    same name) without the marker the notebook's process wrote into it, and the launch stops before training
+    with a SharedStorageError naming the parameter. Simulated as tests/test_launch_ray.py does: both nodes
+    share this disk, so a thread removes the marker as soon as the notebook's process writes it (Ray takes
+    seconds to start the workers that check it)."""
+    import threading
+
+    from papermill.exceptions import PapermillExecutionError
+
+    from helpers.shared_storage import MARKER_PREFIX
+
+    main = tmp_path / "ckpt" / "main"
+    done = threading.Event()
+
+    def remove_markers():
+        while not done.is_set():
+            for marker in main.glob(f"{MARKER_PREFIX}*") if main.is_dir() else ():
+                marker.unlink(missing_ok=True)
+            done.wait(0.01)
+
+    watcher = threading.Thread(target=remove_markers, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(PapermillExecutionError) as info:
+            run_notebook("04_fsdp_transformer", processes=2, cluster=two_node_cluster.address,
+                         fail_at_step=None, checkpoint_dir=str(tmp_path / "ckpt"),
+                         **dict(SMALL, max_steps=4, checkpoint_every=2))
+    finally:
+        done.set()
+        watcher.join()
+    error = str(info.value)
+    assert "SharedStorageError" in error
+    assert re.search(r"rank \d on node [0-9a-f]{16,} cannot see the folder checkpoint_dir=\S*/ckpt/main "
+                     r"that the notebook's process marked: .*storage every node reaches", error), error
+    assert not list(main.glob("step_*")), "a rank trained (and checkpointed) before the check"
 
 
 def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
