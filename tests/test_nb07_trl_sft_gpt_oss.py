@@ -79,7 +79,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
 
     nb, metrics = run_notebook("07_trl_sft_gpt_oss", model_name=str(pretrained_looking("gpt-oss")),
                                dataset_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
-                               lr=1e-3, max_length=128, run_parity=False)
+                               lr=1e-3, max_length=256, run_parity=False)
     assert "your model or data: the training loss and the held-out loss fell" in stream_text(nb)
     assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
     history = record_metadata(nb)["history"]   # the training loss of each epoch

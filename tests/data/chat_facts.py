@@ -171,16 +171,21 @@ def pretrained_looking(arch: str = "llama", steps: int = 80, seed: int = 0) -> P
     texts = [
         tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in conversations(WARMUP_ELEMENTS)
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    rng = random.Random(seed)
-    model.train()
-    for _ in range(steps):
-        batch = tokenizer(rng.sample(texts, 16), return_tensors="pt", padding=True, add_special_tokens=False)
-        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest on a shared machine
+    try:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        rng = random.Random(seed)
+        model.train()
+        for _ in range(steps):
+            batch = tokenizer(rng.sample(texts, 16), return_tensors="pt", padding=True, add_special_tokens=False)
+            labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+            loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
     tokenizer.save_pretrained(folder)
     model.save_pretrained(folder)  # the weights last: a folder that has them is complete
     return folder
