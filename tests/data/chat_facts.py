@@ -178,9 +178,13 @@ def pretrained_looking(arch: str = "llama", steps: int = 80, seed: int = 0) -> P
         rng = random.Random(seed)
         model.train()
         for _ in range(steps):
-            batch = tokenizer(rng.sample(texts, 16), return_tensors="pt", padding=True, add_special_tokens=False)
+            batch = tokenizer(
+                rng.sample(texts, 16), return_tensors="pt", padding=True, add_special_tokens=False
+            )
             labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-            loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+            loss = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels
+            ).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
