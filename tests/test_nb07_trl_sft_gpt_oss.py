@@ -74,7 +74,6 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
     """07 on the shipped natural-language chat JSONL (tests/data), FSDP on 2 processes, with a warmed-up
     tiny GPT-OSS whose tokenizer is a plain PreTrainedTokenizerFast (it returns token_type_ids): the notebook
     passes on held-out loss and training loss, where the built-in task's 4x fall would have failed it."""
-    from helpers.gallery.notebook_io import record_metadata
     from tests.data.chat_facts import JSONL, pretrained_looking
 
     nb, metrics = run_notebook("07_trl_sft_gpt_oss", model_name=str(pretrained_looking("gpt-oss")),
@@ -82,6 +81,5 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
                                lr=1e-3, max_length=256, run_parity=False)
     assert "your model or data: the training loss and the held-out loss fell" in stream_text(nb)
     assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
-    history = record_metadata(nb)["history"]   # the training loss of each epoch
-    fell = history[0]["train_loss"] / history[-1]["train_loss"]
+    fell = metrics["first_epoch_train_loss"] / metrics["last_epoch_train_loss"]
     assert fell < 4, f"the loss fell {fell:.1f}x: the old 4x demand would hold, the test shows nothing"
