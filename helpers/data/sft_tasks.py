@@ -162,3 +162,37 @@ def validate_sft_jsonl(path: str | Path, require_answer: bool = True) -> list[di
     if not rows:
         raise ValueError(f"{path} holds no conversations: it is empty")
     return rows
+
+
+def check_learning(step_losses: list[float], *, heldout_before: float, heldout_after: float, built_in: bool,
+                   accuracy_before: float | None = None, accuracy_after: float | None = None,
+                   bar: float | None = 0.8) -> str:
+    """The fine-tuning notebooks' learning checks; raises AssertionError naming the one that failed, else
+    returns a line saying what held.
+
+    Any data and model: the held-out loss on answer tokens fell (the model learned something that carries over
+    to conversations it never saw) and the training loss fell (the mean of the last quarter of the steps, at
+    most 25, below the mean of the first). On the built-in tasks (`built_in`: no `model_name`, no
+    `dataset_path`) the bars of a random model learning a task with one right answer as well: the training
+    loss fell 4x, the untrained model scored below 5% exact match (else the task leaks), fine-tuning raised
+    exact match, to `bar` or above where one is given. The line returned names the checks and no figure: the
+    evaluation cells print those. A pretrained model on a user's chats does neither: free-form
+    answers are almost never an exact match, and its loss starts low.
+    """
+    losses = [float(x) for x in step_losses]
+    window = max(1, min(25, len(losses) // 4))
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    fell = last < 0.25 * first if built_in else last < first
+    assert fell, (f"training loss did not fall{' 4x' if built_in else ''}: {first:.4f} over the first "
+                  f"{window} steps, {last:.4f} over the last")
+    assert heldout_after < heldout_before, (
+        f"the held-out loss did not fall: {heldout_before:.4f} before fine-tuning, {heldout_after:.4f} after")
+    if not built_in:
+        return "your model or data: the training loss and the held-out loss fell"
+    assert accuracy_before is not None and accuracy_after is not None, "give the exact match before and after"
+    assert accuracy_before < 0.05, f"an untrained model scored {accuracy_before:.3f}: the task leaks"
+    if bar is not None:
+        assert accuracy_after >= bar, f"held-out exact match {accuracy_after:.3f} is below the bar {bar}"
+    assert accuracy_after > accuracy_before, "fine-tuning did not improve held-out accuracy"
+    return ("the built-in task's bars held: the training loss fell 4x, the held-out loss fell, held-out "
+            "exact match rose from below 0.05" + (f" to {bar} or above" if bar is not None else ""))

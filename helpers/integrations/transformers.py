@@ -1,5 +1,6 @@
 """transformers (Trainer, TRL's SFTTrainer): a callback that draws rank 0's optimiser steps in the launching
-notebook."""
+notebook; the warm-up keywords of the installed transformers; and, for the fine-tuning notebooks' evaluations,
+what a model's forward takes of a tokenizer's output and the held-out loss on answer tokens."""
 
 from __future__ import annotations
 
@@ -36,3 +37,86 @@ def transformers_progress_callback(desc: str = "training") -> Any:
                 self._bar = None
 
     return HelpersProgressCallback()
+
+
+def warmup(ratio: float) -> dict[str, float]:
+    """`TrainingArguments` / `SFTConfig` keywords for a warm-up over `ratio` of the steps, in the installed
+    transformers: `warmup_ratio` up to 4.x; 5.x removed it and takes a fraction below 1 as `warmup_steps`."""
+    from importlib.metadata import version  # not `import transformers`: a rank may not have imported it yet
+
+    major = int(version("transformers").split(".")[0])
+    return {"warmup_ratio": ratio} if major < 5 else {"warmup_steps": ratio}
+
+
+def _forward_of(model: Any) -> Any:
+    """The forward of the model itself, under PEFT's (or DDP's) wrappers, whose forward takes anything."""
+    while True:
+        if hasattr(model, "get_base_model"):      # PeftModel
+            model = model.get_base_model()
+        elif hasattr(model, "module"):            # DistributedDataParallel
+            model = model.module
+        else:
+            return model.forward
+
+
+def generation_inputs(model: Any, encoding: Any) -> dict[str, Any]:
+    """The tensors of a tokenizer's `encoding` that the model's forward takes by name, for `model.generate` or
+    `model(...)`. A plain `PreTrainedTokenizerFast` returns `token_type_ids`, which Llama, GPT-OSS and OLMo
+    take no argument for, and `generate` refuses with "The following `model_kwargs` are not used by the
+    model"."""
+    import inspect
+
+    named = {name for name, p in inspect.signature(_forward_of(model)).parameters.items()
+             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    named |= {"input_ids", "attention_mask"}
+    return {key: value for key, value in encoding.items() if key in named}
+
+
+def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: int = 64,
+                device: Any = None) -> float:
+    """Mean cross-entropy per answer token of held-out conversations: each conversation's last (assistant)
+    message, after the rest in the model's chat template, end-of-turn token included, as `SFTTrainer` computes
+    the training loss on prompt-completion pairs (the completion is what the full conversation's template adds
+    to the prompt's, `add_generation_prompt=True`). Works for any data, where exact match needs one right
+    answer; a model that generalises scores lower after fine-tuning than before."""
+    import torch
+
+    device = device if device is not None else next(model.parameters()).device
+    sequences = []
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False,
+                                               add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        if not full.startswith(prompt):
+            raise ValueError("the chat template renders the conversation without its prompt as a prefix: "
+                             f"the answer tokens cannot be told apart ({prompt[-40:]!r})")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        whole = tokenizer(full, add_special_tokens=False)["input_ids"]
+        # as TRL does: the completion is what the whole conversation's tokens add to the prompt's
+        answer = whole[len(ids):] if whole[:len(ids)] == ids else tokenizer(full[len(prompt):],
+                                                                             add_special_tokens=False)["input_ids"]
+        sequences.append((ids + answer, len(ids)))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(sequences), batch):
+            chunk = sequences[i:i + batch]
+            width = max(len(ids) for ids, _ in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            labels = torch.full((len(chunk), width), -100, dtype=torch.long)
+            for j, (ids, start) in enumerate(chunk):   # right padding: positions start at 0 in every row
+                input_ids[j, :len(ids)] = torch.tensor(ids)
+                mask[j, :len(ids)] = 1
+                labels[j, start:len(ids)] = torch.tensor(ids[start:])
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float()
+            shifted = labels[:, 1:].to(device)
+            losses = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=-100,
+                reduction="sum")
+            total += float(losses)
+            count += int((shifted != -100).sum())
+    model.train(was_training)
+    return total / count
