@@ -188,7 +188,9 @@ _TEXT_BY_NAME = textwrap.dedent("""
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.no_grad():
-        out = model.generate(**batch, **generation, pad_token_id=tokenizer.pad_token_id,
+        # only what every causal LM's forward takes: a plain tokenizer also returns token_type_ids
+        out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             **generation, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
     answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     print(json.dumps([a.strip() for a in answers]))

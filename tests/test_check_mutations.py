@@ -41,6 +41,10 @@ _NB04_SMALL = dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None
 # notebook 10 at a small size: no compilation (its check is not the one under test), one resume
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
+# notebook 05 on the shipped chat data (tests/data/chat_facts.jsonl) with its own tiny model
+_NB05_CHAT = dict(dataset_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl"), processes=2,
+                  n_test=16, batch_size=8, epochs=3, lr=1e-3, max_length=256, run_parity=False)
+
 MUTATIONS = [
     Mutation("00_getting_started", "an all_reduce that is never called",
              "    dist.all_reduce(value)   # the default operation: the sum over every rank",
@@ -69,6 +73,39 @@ MUTATIONS = [
              "    results = train.distributed(cfg, shared)",
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
+    Mutation("05_deepspeed_zero_sft", "the held-out loss scored on the model before fine-tuning",
+             "loss_after = answer_loss(finetuned, finetuned_tokenizer, test_rows, device=eval_device)",
+             "loss_after = answer_loss(AutoModelForCausalLM.from_pretrained(model_path), "
+             "finetuned_tokenizer, test_rows, device=eval_device)",
+             r"the held-out loss did not fall", _NB05_CHAT, slow=True),
+    Mutation("05_deepspeed_zero_sft", "the built-in task's 4x demand applied to chat data",
+             "built_in=model_name is None and dataset_path is None,", "built_in=True,",
+             r"training loss did not fall 4x", _NB05_CHAT, slow=True),
+    Mutation("02_ddp_retinanet", "the checkpoint folder on a disk the ranks' node does not see",
+             "    results = train.distributed(cfg, splits, num_classes, shared)\n",
+             "    os.remove(shared.paths[-1].marker)   # a rank on a node without checkpoint_dir"
+             "\n"
+             "    results = train.distributed(cfg, splits, num_classes, shared)\n",
+             r"cannot see the folder checkpoint_dir=.*storage every node reaches",
+             dict(train_images=16, val_images=8, epochs=1, max_steps=2, parity_steps=1), slow=True),
+    Mutation("04_fsdp_transformer", "the checkpoint folder on a disk the ranks' node does not see",
+             '    results = train.distributed(cfg, shared, str(corpus.train_path), str(corpus.val_path), '
+             'str(run_root / "main"))\n',
+             "    os.remove(shared.paths[-1].marker)   # a rank on a node without checkpoint_dir"
+             "\n"
+             '    results = train.distributed(cfg, shared, str(corpus.train_path), str(corpus.val_path), '
+             'str(run_root / "main"))\n',
+             r"cannot see the folder checkpoint_dir=.*storage every node reaches",
+             dict(_NB04_SMALL), slow=True),
+    Mutation("10_fast_and_elastic", "run_dir on a disk the ranks' node does not see",
+             "    with shared_paths(train_path=corpus.train_path, trace_dir=trace_dir, "
+             "checkpoint=checkpoint) as shared:\n",
+             "    with shared_paths(train_path=corpus.train_path, trace_dir=trace_dir, "
+             "checkpoint=checkpoint) as shared:\n"
+             "        for item in shared.paths:   # what a rank sees when run_dir is another node's\n"
+             "            if item.marker:\n                os.remove(item.marker)\n",
+             r"cannot see the folder checkpoint=.*storage every node reaches",
+             dict(_NB10_SMALL), slow=True),
     Mutation("06_ray_train_resnet", "storage_path on a disk the workers' node does not see",
              '    config["shared"] = shared\n',
              '    config["shared"] = shared\n    for item in shared.paths:\n        os.remove(item.marker)\n',
