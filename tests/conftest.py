@@ -19,7 +19,7 @@ from helpers.env import temporary_environ
 from helpers.gallery import __main__ as cli
 from helpers.gallery.execute import execute_notebook
 from helpers.gallery.notebook_io import read_metrics
-from tests.support import RecordingView, make_notebooks, notebook_path
+from tests.support import LIVE_CLUSTERS, RecordingView, make_notebooks, notebook_path
 
 
 @pytest.fixture
@@ -50,8 +50,11 @@ def two_node_cluster():
     try:
         cluster.add_node(num_cpus=1, object_store_memory=512 << 20)
         cluster.wait_for_nodes()
+        LIVE_CLUSTERS.append(cluster)
         yield cluster
     finally:
+        if cluster in LIVE_CLUSTERS:
+            LIVE_CLUSTERS.remove(cluster)
         cluster.shutdown()
 
 

@@ -11,6 +11,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -23,6 +24,11 @@ NOTEBOOKS = ROOT / "notebooks"
 # `precision`, checks its result against reference runs (notebooks/references/) and has a GPU check
 # (tools/gpu_check.py); the tests that hold notebooks to those rules take them from training_notebooks().
 TRAINS_NOTHING = frozenset({"00_getting_started"})
+
+
+# The two-node Ray clusters this test process started (tests/conftest.py's `two_node_cluster`), so that the
+# tests which look for Ray processes left behind can tell the cluster's own from a launch's.
+LIVE_CLUSTERS: list[Any] = []
 
 
 def training_notebooks() -> list[Path]:

@@ -6,6 +6,7 @@ does as much as it can per launch: three Ray launches in all, about two minutes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -14,14 +15,32 @@ import psutil
 import pytest
 
 from helpers import LaunchError, distributed, progress_bar, worker_context
+from tests.support import LIVE_CLUSTERS
 
 pytestmark = pytest.mark.timeout(600)
 
 
+def _cluster_processes() -> set[int]:
+    """The processes of this test process's two-node clusters (tests/conftest.py) and their descendants."""
+    pids = set()
+    for cluster in LIVE_CLUSTERS:
+        for node in cluster.list_all_nodes():
+            for infos in node.all_processes.values():
+                for info in infos:
+                    with contextlib.suppress(psutil.Error):
+                        started = psutil.Process(info.process.pid)
+                        pids |= {started.pid} | {p.pid for p in started.children(recursive=True)}
+    return pids
+
+
 def _ray_children() -> list[str]:
-    """Command lines of this process's descendants that belong to Ray (raylet, GCS, workers)."""
+    """Command lines of this process's descendants that belong to Ray (raylet, GCS, workers), except those
+    of a two-node cluster another test of this process started."""
     names = []
+    theirs = _cluster_processes()
     for child in psutil.Process().children(recursive=True):
+        if child.pid in theirs:
+            continue
         try:
             cmd = " ".join(child.cmdline())
         except psutil.Error:
