@@ -38,6 +38,8 @@ class Mutation:
 # notebook 04 at a small size, no crash: the checks under test come after training
 _NB04_SMALL = dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, parity_steps=2,
                    eval_batches=1)
+# notebook 03 at a small size: a few hundred users, four steps, no parity proof
+_NB03_SMALL = dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False)
 # notebook 10 at a small size: no compilation (its check is not the one under test), one resume
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
@@ -59,7 +61,7 @@ MUTATIONS = [
              '        placement = dict(devices=ctx.local_world_size, num_nodes=1, strategy="ddp", '
              "plugins=[LightningEnvironment()])",
              r"on this machine it must run DDPStrategy in TorchElasticEnvironment",
-             dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False),
+             _NB03_SMALL,
              slow=True),
     Mutation("05_deepspeed_zero_sft", "output_dir on storage the ranks' nodes do not see",
              "    results = train.distributed(cfg, shared)",
@@ -190,7 +192,7 @@ MUTATIONS = [
              "    mlflow.pytorch.save_model(Recommender(TwoTower(**tables, embed_dim=embed_dim)).eval(), "
              "model_uri, signature=signature, input_example=example_users,",
              r"the loaded model does not give the evaluation's top 10",
-             dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_steps=4, run_parity=False),
+             _NB03_SMALL,
              slow=True),
     Mutation("05_deepspeed_zero_sft", "an untrained model logged in place of the fine-tuned one",
              "model_folder = str(Path(output_dir).resolve())",
