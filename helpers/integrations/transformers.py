@@ -1,6 +1,7 @@
 """transformers (Trainer, TRL's SFTTrainer): a callback that draws rank 0's optimiser steps in the launching
 notebook; the warm-up keywords of the installed transformers; and, for the fine-tuning notebooks' evaluations,
-what a model's forward takes of a tokenizer's output and the held-out loss on answer tokens."""
+what a model's forward takes of a tokenizer's output, the held-out loss on answer tokens, and the split of an
+evaluation over the ranks that hold a sharded model."""
 
 from __future__ import annotations
 
@@ -72,16 +73,58 @@ def generation_inputs(model: Any, encoding: Any) -> dict[str, Any]:
     return {key: value for key, value in encoding.items() if key in named}
 
 
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_share(rows: list[Any]) -> tuple[list[Any], int]:
+    """This rank's part of an evaluation over every rank: rows `rank, rank+world, ...`, padded with copies of
+    the first row to the same length on every rank, and how many of them are real. Under FSDP and ZeRO-3 every
+    forward pass gathers parameters, a collective every rank must join, so each rank must run as many batches
+    as the others even when the rows do not split evenly. Outside a process group: all rows."""
+    if not rows:
+        raise ValueError("an evaluation over the ranks needs at least one row")
+    rank, world = _world()
+    mine = rows[rank::world]
+    per_rank = -(-len(rows) // world)
+    return mine + [rows[0]] * (per_rank - len(mine)), len(mine)
+
+
+def gather_shares(values: list[Any], real: int, total: int) -> list[Any]:
+    """The values every rank computed for its `rank_share`, back in the rows' order, on every rank."""
+    import torch.distributed as dist
+
+    rank, world = _world()
+    if world == 1:
+        return list(values[:real])
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, list(values[:real]))
+    ordered = [None] * total
+    for r, part in enumerate(parts):
+        ordered[r::world] = part
+    return ordered
+
+
 def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: int = 64,
-                device: Any = None) -> float:
+                device: Any = None, over_ranks: bool = False) -> float:
     """Mean cross-entropy per answer token of held-out conversations: each conversation's last (assistant)
     message, after the rest in the model's chat template, end-of-turn token included, as `SFTTrainer` computes
     the training loss on prompt-completion pairs (the completion is what the full conversation's template adds
     to the prompt's, `add_generation_prompt=True`). Works for any data, where exact match needs one right
-    answer; a model that generalises scores lower after fine-tuning than before."""
+    answer; a model that generalises scores lower after fine-tuning than before. With `over_ranks`, inside a
+    process group, every rank scores its `rank_share` of the rows (a sharded model: all ranks take part in
+    every forward) and the sums are added across the ranks: every rank returns the loss of all rows."""
     import torch
 
     device = device if device is not None else next(model.parameters()).device
+    rank, world = _world() if over_ranks else (0, 1)
+    real = len(rows)
+    if world > 1:
+        rows, real = rank_share(rows)
     sequences = []
     for row in rows:
         prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False,
@@ -96,6 +139,8 @@ def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: i
         answer = whole[len(ids):] if whole[:len(ids)] == ids else tokenizer(full[len(prompt):],
                                                                              add_special_tokens=False)["input_ids"]
         sequences.append((ids + answer, len(ids)))
+    # the padding rows of a rank_share count for nothing: no answer tokens
+    sequences = [(ids, start if k < real else len(ids)) for k, (ids, start) in enumerate(sequences)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     was_training = model.training
     model.eval()
@@ -119,4 +164,10 @@ def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: i
             total += float(losses)
             count += int((shifted != -100).sum())
     model.train(was_training)
+    if world > 1:
+        import torch.distributed as dist
+
+        sums = torch.tensor([total, float(count)], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count = float(sums[0]), int(sums[1])
     return total / count
