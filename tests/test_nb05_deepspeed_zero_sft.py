@@ -24,7 +24,7 @@ def test_zero_stage_3_on_two_nodes(run_notebook, two_node_cluster):
     assert "2 ranks ran on 2 node(s)" in out
     assert "[rank1] rank 1/2: holds" in out  # both ranks ran and reported to the cell
     assert "ZeRO-3: 8 steps" in out
-    assert abs(metrics["loaded_share_max"] - 0.5) < 0.05   # zero.Init: each rank loaded its half, across nodes
+    assert abs(metrics["loaded_share_max"] - 0.5) < 0.05   # zero.Init: each rank loaded half, across nodes
 
 
 # (a bad max_steps: tests/test_nb01_ddp_mlp.py runs it, test_notebook_conventions.py checks every notebook
