@@ -24,6 +24,7 @@ def test_zero_stage_3_on_two_nodes(run_notebook, two_node_cluster):
     assert "2 ranks ran on 2 node(s)" in out
     assert "[rank1] rank 1/2: holds" in out  # both ranks ran and reported to the cell
     assert "ZeRO-3: 8 steps" in out
+    assert abs(metrics["loaded_share_max"] - 0.5) < 0.05   # zero.Init: each rank loaded half, across nodes
 
 
 # (a bad max_steps: tests/test_nb01_ddp_mlp.py runs it, test_notebook_conventions.py checks every notebook
@@ -54,6 +55,11 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
     out = stream_text(nb)
     assert "your model or data: the training loss and the held-out loss fell" in out
     assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
+    # the rule: with model_name given the kernel loads no model (the evaluation ran in the ranks), and under
+    # ZeRO-3 each of the 2 ranks loaded only its half of the parameters (zero.Init)
+    assert metrics["kernel_loaded_model"] is False
+    assert "the reload comparison runs for the built-in model only" in out
+    assert abs(metrics["loaded_share_max"] - 0.5) < 0.05
     fell = metrics["first_epoch_train_loss"] / metrics["last_epoch_train_loss"]
     assert fell < 4, f"the loss fell {fell:.1f}x: the old 4x demand would hold, the test shows nothing"
 
