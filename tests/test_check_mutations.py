@@ -76,10 +76,22 @@ MUTATIONS = [
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the held-out loss scored on the model before fine-tuning",
-             "loss_after = answer_loss(finetuned, finetuned_tokenizer, test_rows, device=eval_device)",
-             "loss_after = answer_loss(AutoModelForCausalLM.from_pretrained(model_path), "
-             "finetuned_tokenizer, test_rows, device=eval_device)",
+             '        evaluation["after"] = evaluate_in_ranks(trainer.model, tokenizer, cfg["test_rows"], '
+             'ctx.device)',
+             '        evaluation["after"] = dict(evaluate_in_ranks(trainer.model, tokenizer, '
+             'cfg["test_rows"], ctx.device),\n'
+             '                                   loss=evaluation["before"]["loss"])',
              r"the held-out loss did not fall", _NB05_CHAT, slow=True),
+    Mutation("05_deepspeed_zero_sft",
+             "the SFTConfig created after from_pretrained: every rank loads the whole model",
+             '    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=dtype)\n',
+             "    from transformers.integrations.deepspeed import set_hf_deepspeed_config, "
+             "unset_hf_deepspeed_config\n"
+             "    unset_hf_deepspeed_config()   # as if SFTConfig were created after from_pretrained\n"
+             '    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=dtype)\n'
+             "    set_hf_deepspeed_config(args.hf_deepspeed_config)\n",
+             r"not about 1/2 each: the model was loaded whole on every rank, not partitioned by zero.Init",
+             dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the built-in task's 4x demand applied to chat data",
              "built_in=model_name is None and dataset_path is None,", "built_in=True,",
              r"training loss did not fall 4x", _NB05_CHAT, slow=True),
