@@ -229,6 +229,7 @@ def count_parameters(config: Any, lora: Any = None, load_in_4bit: bool = False,
     `load_in_4bit=True` (with a LoRA config: QLoRA) stores the frozen linear weights in NF4. Nothing is
     allocated, so the 120B model counts in seconds on a laptop.
     """
+    import torch
     import torch.nn as nn
 
     if load_in_4bit and lora is None:
@@ -243,8 +244,10 @@ def count_parameters(config: Any, lora: Any = None, load_in_4bit: bool = False,
     if lora is not None:
         from peft import get_peft_model
 
-        # peft writes into its config (an "all-linear" target becomes this model's layer names): use a copy
-        model = get_peft_model(model, copy.deepcopy(lora))
+        # peft writes into its config (an "all-linear" target becomes this model's layer names): use a copy;
+        # on the meta device, or the adapters (GBs for gpt-oss-120b) are allocated before peft moves them there
+        with torch.device("meta"):
+            model = get_peft_model(model, copy.deepcopy(lora))
     params = _unique(model.parameters()).values()
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
