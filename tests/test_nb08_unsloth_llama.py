@@ -4,12 +4,13 @@ The stored notebook (Unsloth, LoRA + full embeddings on the tiny Llama 3.2, 2 pr
 nbval, with its learning bar and reference run, and saves the merged model locally in MLflow's format. The
 Llama-3.2-3B command runs in tests/test_scale_up.py, with the plain TRL + PEFT comparison that is on by
 default only on GPUs. Here: the bad settings that must fail before any launch, the registry path
-(tracking on, register_as), and (make test-cluster) the run on a Ray cluster of two nodes.
+(tracking on, register_as), a pretrained-looking model on natural-language chat data (the model in the ranks
+only), and (make test-cluster) the run on a Ray cluster of two nodes.
 """
 
 import pytest
 
-from tests.support import text_answers_by_name
+from tests.support import stream_text, text_answers_by_name
 
 pytestmark = pytest.mark.notebook
 
@@ -39,6 +40,28 @@ def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_not
     answers = metrics["logged_model_answers"].split(" | ")
     assert len(answers) == 4 and any(answers), answers
     assert text_answers_by_name(registry, "models:/tiny-llama-reverse/1") == answers
+
+
+def test_chat_data_with_a_pretrained_looking_model(run_notebook, registry):
+    """08 on the shipped natural-language chat JSONL, with a warmed-up tiny Llama whose tokenizer is a plain
+    PreTrainedTokenizerFast: the notebook passes on held-out loss and training loss (where the built-in task's
+    4x fall would have failed it), the ranks evaluate and merge the model (Unsloth's merged_16bit), the kernel
+    holds no model weights (the notebook's own check) and logs the merged folder by path, and a fresh process
+    loads the registered model by name."""
+    from tests.data.chat_facts import JSONL, pretrained_looking
+
+    nb, metrics = run_notebook("08_unsloth_llama", model_name=str(pretrained_looking("llama")),
+                               dataset_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
+                               lr=1e-3, max_length=256, register_as="tiny-llama-chat-facts")
+    out = stream_text(nb)
+    assert "your model or data: the training loss and the held-out loss fell" in out
+    assert "the reload comparison runs for the built-in model only" in out
+    assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
+    fell = metrics["first_epoch_train_loss"] / metrics["last_epoch_train_loss"]
+    assert fell < 4, f"the loss fell {fell:.1f}x: the old 4x demand would hold, the test shows nothing"
+    assert metrics["logged_model_uri"] == "models:/tiny-llama-chat-facts/1"
+    answers = text_answers_by_name(registry, "models:/tiny-llama-chat-facts/1")
+    assert len(answers) == 4 and all(isinstance(a, str) for a in answers), answers
 
 
 @pytest.mark.cluster
