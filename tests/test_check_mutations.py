@@ -47,6 +47,8 @@ _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_s
 _NB05_CHAT = dict(dataset_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl"), processes=2,
                   n_test=16, batch_size=8, epochs=3, lr=1e-3, max_length=256, run_parity=False)
 
+PRETRAINED_LOOKING = "pretrained-looking:"   # + "llama" or "gpt-oss": see _resolve
+
 MUTATIONS = [
     Mutation("00_getting_started", "an all_reduce that is never called",
              "    dist.all_reduce(value)   # the default operation: the sum over every rank",
@@ -95,6 +97,17 @@ MUTATIONS = [
     Mutation("05_deepspeed_zero_sft", "the built-in task's 4x demand applied to chat data",
              "built_in=model_name is None and dataset_path is None,", "built_in=True,",
              r"training loss did not fall 4x", _NB05_CHAT, slow=True),
+    Mutation("08_unsloth_llama", "each rank's held-out loss of its own share only (none over the ranks)",
+             "    loss = answer_loss(model, tokenizer, rows, over_ranks=True)",
+             "    loss = answer_loss(model, tokenizer, mine)",
+             r"the ranks' held-out figures differ", dict(max_steps=2, n_train=64, n_test=8), slow=True),
+    Mutation("08_unsloth_llama", "the base model loaded in the kernel with model_name given",
+             'print(f"the ranks evaluate {len(test_rows)} held-out conversations',
+             'base_model = AutoModelForCausalLM.from_pretrained(model_path)\n'
+             'print(f"the ranks evaluate {len(test_rows)} held-out conversations',
+             r"this kernel holds model weights \(\['base_model'\]\) although model_name is given",
+             dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["dataset_path"],
+                  processes=2, n_test=16, batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
     Mutation("02_ddp_retinanet", "the checkpoint folder on a disk the ranks' node does not see",
              "    results = train.distributed(cfg, splits, num_classes, shared)\n",
              "    os.remove(shared.paths[-1].marker)   # a rank on a node without checkpoint_dir"
@@ -348,5 +361,16 @@ def test_the_check_catches_the_bug(mutation, tmp_path):
     from papermill.exceptions import PapermillExecutionError
 
     path = _mutated_copy(mutation, tmp_path)
+    parameters = {k: _resolve(v) for k, v in mutation.parameters.items()}
     with pytest.raises(PapermillExecutionError, match=mutation.expected):
-        execute_notebook(path, tmp_path / "out.ipynb", mutation.parameters, timeout=900)
+        execute_notebook(path, tmp_path / "out.ipynb", parameters, timeout=900)
+
+
+def _resolve(value):
+    """A parameter built when the test runs, not when the module is collected: `PRETRAINED_LOOKING + arch`
+    is the folder of tests/data/chat_facts.py's warmed-up model (built once, then cached)."""
+    if isinstance(value, str) and value.startswith(PRETRAINED_LOOKING):
+        from tests.data.chat_facts import pretrained_looking
+
+        return str(pretrained_looking(value.removeprefix(PRETRAINED_LOOKING)))
+    return value
