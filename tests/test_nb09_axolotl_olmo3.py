@@ -1,15 +1,16 @@
 """Notebook 09 under papermill with parameters other than the stored defaults.
 
 The stored notebook (Axolotl's do_train on 2 ranks in its own environment, LoRA + full embeddings on the
-tiny OLMo 3, the adapter reloaded with PEFT in the kernel) is executed by nbval, with its learning bar and
-reference run, and saves the merged model locally in MLflow's format. The OLMo-3-7B command runs in
-tests/test_scale_up.py. Here: the bad settings that must fail before any launch, and before the YAML is
-written (a Ray cluster without GPUs among them), and the registry path (tracking on, register_as).
+tiny OLMo 3, evaluated before and after in ranks of the gallery's environment, the adapter loaded there with
+PEFT) is executed by nbval, with its learning bar and reference run, and saves the merged model locally in
+MLflow's format. The OLMo-3-7B command runs in tests/test_scale_up.py. Here: the bad settings that must fail
+before any launch, and before the YAML is written (a Ray cluster without GPUs among them), the registry path
+(tracking on, register_as), and a user's own model and chat data (the kernel loads no model then).
 """
 
 import pytest
 
-from tests.support import text_answers_by_name
+from tests.support import stream_text, text_answers_by_name
 
 pytestmark = pytest.mark.notebook
 
@@ -48,3 +49,19 @@ def test_registers_its_merged_model_and_a_fresh_process_loads_it_by_name(run_not
     answers = metrics["logged_model_answers"].split(" | ")
     assert len(answers) == 4 and any(answers), answers
     assert text_answers_by_name(registry, "models:/tiny-olmo3-reverse/1") == answers
+
+
+def test_chat_data_with_a_pretrained_looking_model(run_notebook):
+    """09 on the shipped natural-language chat JSONL (tests/data) with a warmed-up tiny Llama whose tokenizer
+    is a plain PreTrainedTokenizerFast (it returns token_type_ids): the evaluation runs in the ranks, the
+    checks are the held-out and training losses, and with model_name the kernel loads no model: the merged
+    model is logged by path and the reload comparison is left out."""
+    from tests.data.chat_facts import JSONL, pretrained_looking
+
+    nb, metrics = run_notebook("09_axolotl_olmo3", model_name=str(pretrained_looking("llama")),
+                               dataset_path=str(JSONL), n_test=16, batch_size=8, epochs=3, lr=1e-3,
+                               max_length=256)
+    text = stream_text(nb)
+    assert "your model or data: the training loss and the held-out loss fell" in text
+    assert "the reload comparison runs for the built-in model only" in text
+    assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
