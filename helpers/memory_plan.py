@@ -245,7 +245,7 @@ def count_parameters(config: Any, lora: Any = None, load_in_4bit: bool = False,
         from peft import get_peft_model
 
         # peft writes into its config (an "all-linear" target becomes this model's layer names): use a copy;
-        # on the meta device, or the adapters (GBs for gpt-oss-120b) are allocated before peft moves them there
+        # on the meta device, or the adapters (GBs for gpt-oss-120b) are allocated before peft moves them
         with torch.device("meta"):
             model = get_peft_model(model, copy.deepcopy(lora))
     params = _unique(model.parameters()).values()
