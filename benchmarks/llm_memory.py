@@ -1,4 +1,4 @@
-"""Notebook 07's peak memory per process with a GPT-OSS-shaped checkpoint: only the loading rank holds a model.
+"""Notebook 07's peak memory per process on a GPT-OSS-shaped checkpoint: only the loading rank holds a model.
 
 Writes a GPT-OSS checkpoint (the real `GptOssForCausalLM`: alternating sliding/full attention, attention
 sinks, top-2 routing; hidden size 512, 8 layers, as many experts as `--size-mb` needs; plain bf16
@@ -18,7 +18,11 @@ The verdicts (exit status 1 if one fails):
 * every rank but rank 0 (the one that reads the checkpoint) holds at most its shard of the model (the model's
   bytes at the training precision / N) + the largest decoder layer (the one FSDP gathers for its forward
   and backward) + RANK_SLACK_MB;
-* the kernel's model memory is at most KERNEL_SLACK_MB: its peak must not grow with the model.
+* the kernel's model memory is at most KERNEL_SLACK_MB: its peak must not grow with the model. The kernel is
+  judged on the cells before the notebook's "Scaling up" section: that section builds the published
+  20b/120b configurations with their LoRA adapters (`count_real_model`), whatever `model_name` is, and the
+  kernel's peak there spreads by more than a GB from run to run (2.0 and 3.4 GB measured with the same tiny
+  model); its peak over the whole notebook is printed too.
 
 Rank 0's model memory is printed, not judged: it reads the whole checkpoint, so about one model + its shard.
 
@@ -67,12 +71,12 @@ POLL_SECONDS = 0.05
 # TORCH_MP_PARALLEL_START=1 asks it to start them from a thread pool
 ENVIRONMENT = {"GALLERY_TRACKING": "off", "CUDA_VISIBLE_DEVICES": "", "TORCH_MP_PARALLEL_START": None}
 SLACK_WHY = {
-    "kernel": (f"kernel slack {KERNEL_SLACK_MB} MB: with model_name the kernel reads a config and a tokenizer "
-               "and builds meta-device models only; 64 MB covers the run-to-run spread of its peak "
+    "kernel": (f"kernel slack {KERNEL_SLACK_MB} MB: with model_name the kernel reads a config and a "
+               "tokenizer and builds meta-device models only; 64 MB covers the run-to-run spread of its peak "
                "(up to ~20 MB) and is a fraction of the smallest model tested"),
-    "rank": (f"rank slack {RANK_SLACK_MB} MB (on top of shard + one layer): LoRA adapters with gradients and "
-             "AdamW state, a 64-token batch's activations, PEFT's merged expert weight of one layer, allocator "
-             "noise; none of it grows with N or is near a whole model at the sizes tested"),
+    "rank": (f"rank slack {RANK_SLACK_MB} MB (on top of shard + one layer): LoRA adapters with gradients "
+             "and AdamW state, a 64-token batch's activations, PEFT's merged expert weight of one layer, "
+             "allocator noise; none of it grows with N or is near a whole model at the sizes tested"),
 }
 
 
@@ -89,7 +93,8 @@ def experts_for(size_mb: float, hidden: int = HIDDEN, layers: int = LAYERS) -> i
 
     def size(experts: int) -> int:
         with torch.device("meta"):
-            model = GptOssForCausalLM(gpt_oss_config(vocab, hidden_size=hidden, layers=layers, experts=experts))
+            config = gpt_oss_config(vocab, hidden_size=hidden, layers=layers, experts=experts)
+            model = GptOssForCausalLM(config)
         return 2 * sum(p.numel() for p in model.parameters())
 
     one, two = size(1), size(2)
@@ -143,6 +148,9 @@ class TreePeaks:
         self.psutil, self.interval = psutil, interval
         self.me = psutil.Process()
         self.peaks: dict[int, int] = {}
+        self.where: dict[int, str] = {}      # pid -> the cell that ran when its peak was sampled
+        self.cell, self.cell_index = "(start)", -1
+        self.cell_peaks: dict[int, dict[int, int]] = {}   # pid -> cell index -> peak while that cell ran
         self.kernels: set[int] = set()
         self.ranks: dict[int, float] = {}     # pid -> create time (children of a forkserver)
         self.forkservers: set[int] = set()
@@ -163,8 +171,18 @@ class TreePeaks:
             rss = proc.memory_info().rss
         except (self.psutil.NoSuchProcess, self.psutil.AccessDenied, self.psutil.ZombieProcess):
             return
+        cells = self.cell_peaks.setdefault(proc.pid, {})
+        if rss > cells.get(self.cell_index, 0):
+            cells[self.cell_index] = rss
         if rss > self.peaks.get(proc.pid, 0):
             self.peaks[proc.pid] = rss
+            self.where[proc.pid] = self.cell
+
+    def cell_start(self, cell: Any = None, cell_index: int = 0, **_: Any) -> None:
+        """papermill's on_cell_start hook: the running cell's number and first line, for `where`."""
+        first = next((line.strip() for line in (cell.source if cell is not None else "").splitlines()
+                      if line.strip()), "")
+        self.cell, self.cell_index = f"cell {cell_index}: {first[:50]}", cell_index
 
     def _cmdline(self, proc) -> str:
         try:
@@ -211,18 +229,24 @@ class TreePeaks:
             self.poll()
             self._stop.wait(self.interval)
 
-    def by_role(self, processes: int) -> dict[str, int]:
-        """{"kernel": peak, "rank 0": peak, ...}: the ranks in pid order, launch after launch, each launch
-        `processes` ranks (rank = position % processes); a rank's peak is its highest over the launches."""
+    def by_role(self, processes: int, kernel_until: int | None = None) -> dict[str, tuple[int, str]]:
+        """{"kernel": (peak, cell), "rank 0": (peak, cell), ...}: the ranks in pid order, launch after
+        launch, each launch `processes` ranks (rank = position % processes); a rank's peak is its highest
+        over the launches. The kernel's peak: over the cells before cell `kernel_until` (None: all)."""
         if len(self.kernels) != 1:
             raise RuntimeError(f"expected one Jupyter kernel under this process, saw {len(self.kernels)}")
         if not self.ranks or len(self.ranks) % processes:
-            raise RuntimeError(f"saw {len(self.ranks)} rank processes, not a multiple of {processes}: a launch "
-                               "was missed (or started other processes from the forkserver)")
-        roles = {"kernel": self.peaks.get(next(iter(self.kernels)), 0)}
+            raise RuntimeError(f"saw {len(self.ranks)} rank processes, not a multiple of {processes}: a "
+                               "launch was missed (or started other processes from the forkserver)")
+        kernel = next(iter(self.kernels))
+        cells = {i: v for i, v in self.cell_peaks.get(kernel, {}).items()
+                 if kernel_until is None or i < kernel_until}
+        top = max(cells, key=cells.get) if cells else -1
+        roles = {"kernel": (cells.get(top, 0), f"cell {top}")}
         for i, pid in enumerate(sorted(self.ranks)):
             role = f"rank {i % processes}"
-            roles[role] = max(roles.get(role, 0), self.peaks.get(pid, 0))
+            if self.peaks.get(pid, 0) >= roles.get(role, (0, ""))[0]:
+                roles[role] = (self.peaks.get(pid, 0), self.where.get(pid, ""))
         return roles
 
 
@@ -259,11 +283,18 @@ def run_07(model_folder: Path, processes: int, work: Path, n_train: int = 8, n_t
     out = work / f"07-{model_folder.name}-{processes}.ipynb"
     start = time.perf_counter()
     with temporary_environ(ENVIRONMENT), TreePeaks() as peaks:
-        nb = execute_notebook(NOTEBOOK, out, parameters, timeout=1800)
+        nb = execute_notebook(NOTEBOOK, out, parameters, timeout=1800, on_cell_start=peaks.cell_start)
     metrics = read_metrics(nb)
     if metrics.get("processes") != processes:
         raise RuntimeError(f"the notebook ran {metrics.get('processes')} ranks, not {processes}")
-    return {"peaks": peaks.by_role(processes), "seconds": round(time.perf_counter() - start, 1),
+    scaling = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                    and c.source.lstrip().startswith("## Scaling up")), None)
+    roles = peaks.by_role(processes, kernel_until=scaling)
+    kernel = next(iter(peaks.kernels))
+    return {"peaks": {k: v[0] for k, v in roles.items()}, "peak_cells": {k: v[1] for k, v in roles.items()},
+            "kernel_whole_run": peaks.peaks.get(kernel, 0),
+            "kernel_whole_run_cell": peaks.where.get(kernel, ""),
+            "seconds": round(time.perf_counter() - start, 1),
             "samples": peaks.samples, "precision": metrics.get("precision")}
 
 
@@ -271,10 +302,11 @@ def measure(size_mb: float, ranks: list[int], work: Path, n_train: int = 8, n_te
             log=print) -> dict[str, Any]:
     """Per N: both runs' peaks, and the model figures; the input of `table` and `verdicts`."""
     tiny, big = tiny_checkpoint(), big_checkpoint(size_mb)
-    figures: dict[str, Any] = {"size_mb": size_mb, "model": model_figures(big), "tiny_model": model_figures(tiny),
+    model = model_figures(big)
+    figures: dict[str, Any] = {"size_mb": size_mb, "model": model, "tiny_model": model_figures(tiny),
                                "checkpoint": str(big), "tiny_checkpoint": str(tiny), "runs": {}}
-    log(f"big checkpoint: {figures['model']['parameters']:,} parameters, {figures['model']['file_bytes'] / MB:.0f} "
-        f"MB on disk (bf16), {figures['model']['layers']} layers, {big.name}")
+    log(f"big checkpoint: {model['parameters']:,} parameters, {model['file_bytes'] / MB:.0f} MB on disk "
+        f"(bf16), {model['layers']} layers, {big.name}")
     for n in ranks:
         rank_order(n)
         log(f"{n} ranks: pid order is rank order (checked with a launch of {n} ranks)")
@@ -320,7 +352,8 @@ def table(figures: dict[str, Any]) -> str:
         verdict = "loads the checkpoint" if r["ok"] is None else ("ok" if r["ok"] else "ABOVE LIMIT")
         lines.append((str(r["ranks"]), r["process"], f"{r['peak_tiny_mb']:.0f}", f"{r['peak_big_mb']:.0f}",
                       f"{r['model_memory_mb']:+.0f}", f"{r['model_mb']:.0f}", f"{r['shard_mb']:.0f}",
-                      f"{r['layer_mb']:.0f}", "-" if r["limit_mb"] is None else f"{r['limit_mb']:.0f}", verdict))
+                      f"{r['layer_mb']:.0f}", "-" if r["limit_mb"] is None else f"{r['limit_mb']:.0f}",
+                      verdict))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.rjust(w) if i not in (1, 9) else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
@@ -344,15 +377,28 @@ def loading_rank_lines(figures: dict[str, Any]) -> list[str]:
     out = []
     for r in rows(figures):
         if r["process"] == "rank 0":
-            out.append(f"{r['ranks']} ranks: rank 0 (reads the checkpoint) model memory {r['model_memory_mb']:+.0f} MB "
-                       f"= {r['model_memory_mb'] / r['model_mb']:.2f} x the model (expected about one model + "
-                       f"its shard: {r['model_mb'] + r['shard_mb']:.0f} MB)")
+            out.append(f"{r['ranks']} ranks: rank 0 (reads the checkpoint) model memory "
+                       f"{r['model_memory_mb']:+.0f} MB = {r['model_memory_mb'] / r['model_mb']:.2f} x the "
+                       f"model "
+                       f"(expected about one model + its shard: {r['model_mb'] + r['shard_mb']:.0f} MB)")
+    return out
+
+
+def peak_cell_lines(figures: dict[str, Any]) -> list[str]:
+    """Where each process peaked: the cell that ran when its highest sample was taken."""
+    out = []
+    for n, runs in figures["runs"].items():
+        for label, run in runs.items():
+            for role, cell in run.get("peak_cells", {}).items():
+                out.append(f"{n} ranks, {label} model, {role} peaked in {cell}")
+            out.append(f"{n} ranks, {label} model, kernel over the whole notebook (Scaling up included): "
+                       f"{run['kernel_whole_run'] / MB:.0f} MB, in {run['kernel_whole_run_cell']}")
     return out
 
 
 def report(figures: dict[str, Any], log=print) -> list[str]:
     log(table(figures))
-    for line in loading_rank_lines(figures):
+    for line in [*loading_rank_lines(figures), *peak_cell_lines(figures)]:
         log(line)
     for why in SLACK_WHY.values():
         log(why)
@@ -360,14 +406,15 @@ def report(figures: dict[str, Any], log=print) -> list[str]:
     for line in failed:
         log(f"FAIL: {line}")
     if not failed:
-        log("every rank but the loading one held at most its shard + one layer + slack; the kernel's peak did "
-            "not grow with the model")
+        log("every rank but the loading one held at most its shard + one layer + slack; the kernel's peak "
+            "did not grow with the model")
     return failed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mb", type=float, default=1500, help="the big checkpoint's size in bf16 (10**6 B)")
+    parser.add_argument("--size-mb", type=float, default=1500,
+                        help="the big checkpoint's size in bf16 (MB of 10**6 bytes)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="numbers of ranks, in order")
     parser.add_argument("--n-train", type=int, default=8, help="training conversations (1 step is run)")
     parser.add_argument("--n-test", type=int, default=4, help="held-out conversations")
