@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.llm_memory import SLACK_WHY, loading_rank_lines, measure, table, verdicts
+from benchmarks.llm_memory import SLACK_WHY, loading_rank_lines, measure, peak_cell_lines, table, verdicts
 
 pytestmark = pytest.mark.notebook
 
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.notebook
 def test_only_the_loading_rank_holds_the_model(tmp_path):
     lines: list[str] = []
     figures = measure(200, [2], tmp_path, n_train=4, n_test=2, log=lines.append)
-    shown = "\n".join([*lines, table(figures), *loading_rank_lines(figures), *SLACK_WHY.values()])
+    shown = "\n".join([*lines, table(figures), *loading_rank_lines(figures), *peak_cell_lines(figures),
+                       *SLACK_WHY.values()])
     failed = verdicts(figures)
     assert not failed, "\n".join(failed) + "\n" + shown
