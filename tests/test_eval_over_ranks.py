@@ -53,7 +53,8 @@ def test_the_loss_over_ranks_is_the_one_process_loss(world, n, batch):
     expected = answer_loss(model, tokenizer, _rows(n), batch=batch)
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(_rank, args=(world, free_port(), n, batch, out), nprocs=world, start_method="spawn")
+        mp.start_processes(_rank, args=(world, free_port(), n, batch, out), nprocs=world,
+                           start_method="spawn")
         results = dict(out)
     assert sorted(results) == list(range(world))
     for r in results.values():
@@ -70,3 +71,28 @@ def test_outside_a_process_group_everything_is_one_share():
     assert gather_shares([1, 2, 3], 3, 3) == [1, 2, 3]
     with pytest.raises(ValueError, match="at least one row"):
         rank_share([])
+
+
+def test_a_streamed_save_is_a_from_pretrained_folder(tmp_path):
+    """save_streamed writes files of at most the given size (one tensor may pass it), an index, and removes
+    the
+    weights an earlier save left in the folder, which from_pretrained would read instead."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.integrations.transformers import save_streamed
+
+    model, _ = _model_and_tokenizer()
+    model.save_pretrained(tmp_path)   # an earlier save: model.safetensors
+    torch.manual_seed(1)
+    for p in model.parameters():
+        p.data.normal_()
+    state = model.state_dict()
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    files = save_streamed(iter(state.items()), str(tmp_path), is_main=True, max_shard_bytes=size // 3)
+    assert len(files) >= 3 and not (tmp_path / "model.safetensors").exists()
+    model.config.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+    assert save_streamed(iter(state.items()), str(tmp_path / "other"), is_main=False) == []
+    assert not (tmp_path / "other").exists()   # only the main rank writes

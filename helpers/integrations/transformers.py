@@ -171,3 +171,48 @@ def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: i
         dist.all_reduce(sums)
         total, count = float(sums[0]), int(sums[1])
     return total / count
+
+
+def save_streamed(named_tensors: Any, folder: str, is_main: bool, max_shard_bytes: int = 2**30) -> list[str]:
+    """Write a model's weights as safetensors files with an index, the layout `from_pretrained` reads, from
+    `(name, tensor)` pairs gathered one at a time. Every rank iterates the pairs (under FSDP each gather is a
+    collective every rank joins); the main rank keeps a tensor only until its file of `max_shard_bytes` is
+    written, so no process ever holds the whole model, whatever its size. Returns the files written (main
+    rank)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    buffer: dict[str, Any] = {}
+    size, total, files, weight_map = 0, 0, [], {}
+
+    def flush() -> None:
+        nonlocal buffer, size
+        if buffer:
+            name = f"model-{len(files) + 1:05d}.safetensors"
+            save_file(buffer, str(out / name), metadata={"format": "pt"})
+            files.append(name)
+            weight_map.update(dict.fromkeys(buffer, name))
+            buffer, size = {}, 0
+
+    if is_main:   # weights an earlier save left here would be read instead of (or mixed with) these
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json"),
+                      *out.glob("pytorch_model*.bin"), *out.glob("pytorch_model.bin.index.json")]:
+            stale.unlink()
+    for name, tensor in named_tensors:
+        if not is_main:
+            continue
+        buffer[name] = tensor.contiguous()
+        size += tensor.numel() * tensor.element_size()
+        total += tensor.numel() * tensor.element_size()
+        if size >= max_shard_bytes:
+            flush()
+    if not is_main:
+        return []
+    flush()
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return files
