@@ -31,9 +31,10 @@ Rank 0's model memory is printed, not judged: it reads the whole checkpoint, so 
 Slacks (each also printed in the output, with why):
 
 * KERNEL_SLACK_MB = 64: with `model_name` given the kernel reads only the config and the tokenizer and
-  builds meta-device models for the size table, whatever the checkpoint's size; 64 MB covers the spread of
-  the kernel's peak between two runs of the same notebook (allocator and import noise: a few MB, up to
-  ~20 MB measured) and is a fraction of the smallest model this is run on (200 MB in bf16, 400 MB in fp32).
+  builds meta-device models for the size table, whatever the checkpoint's size. Measured at 2 ranks: the
+  kernel's peak spread by under 1 MB over three runs with the tiny model, and grew by 11 MB from the tiny to
+  the 200 MB model once the kernel loaded no model; 64 MB is well above both and a sixth of the smallest
+  model this runs on (200 MB in bf16, 385 MiB at the ranks' fp32).
 * RANK_SLACK_MB = 128: on top of shard + one gathered layer, a rank with the big model holds the LoRA
   adapters with their gradients and AdamW moments, activations of a 64-token batch at a wider hidden size, a
   second copy of one layer's expert weights while PEFT applies the expert adapters (the merged weight of a
@@ -72,8 +73,8 @@ POLL_SECONDS = 0.05
 ENVIRONMENT = {"GALLERY_TRACKING": "off", "CUDA_VISIBLE_DEVICES": "", "TORCH_MP_PARALLEL_START": None}
 SLACK_WHY = {
     "kernel": (f"kernel slack {KERNEL_SLACK_MB} MB: with model_name the kernel reads a config and a "
-               "tokenizer and builds meta-device models only; 64 MB covers the run-to-run spread of its peak "
-               "(up to ~20 MB) and is a fraction of the smallest model tested"),
+               "tokenizer and builds meta-device models only; measured: under 1 MB of spread between runs, "
+               "+11 MB from the tiny to the 200 MB model; 64 MB is a sixth of the smallest model tested"),
     "rank": (f"rank slack {RANK_SLACK_MB} MB (on top of shard + one layer): LoRA adapters with gradients "
              "and AdamW state, a 64-token batch's activations, PEFT's merged expert weight of one layer, "
              "allocator noise; none of it grows with N or is near a whole model at the sizes tested"),
