@@ -275,12 +275,13 @@ def rank_order(processes: int) -> list[tuple[int, int, int]]:
 
 # -------------------------------------------------------------------------------------------------- runs
 def run_07(model_folder: Path, processes: int, work: Path, n_train: int = 8, n_test: int = 4,
-           batch_size: int | None = None) -> dict[str, Any]:
-    """Notebook 07 on `model_folder` under FSDP + LoRA, 1 step, with every process's peak RSS polled."""
+           batch_size: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Notebook 07 on `model_folder` under FSDP + LoRA, 1 step, with every process's peak RSS polled
+    (`extra`: more notebook parameters)."""
     batch_size = batch_size or processes
     parameters = dict(model_name=str(model_folder), strategy="fsdp", peft="lora", processes=processes,
                       max_steps=1, run_parity=False, n_train=n_train, n_test=n_test, batch_size=batch_size,
-                      epochs=1, output_dir=str(work / f"out-{model_folder.name}-{processes}"))
+                      epochs=1, output_dir=str(work / f"out-{model_folder.name}-{processes}"), **extra)
     out = work / f"07-{model_folder.name}-{processes}.ipynb"
     start = time.perf_counter()
     with temporary_environ(ENVIRONMENT), TreePeaks() as peaks:
