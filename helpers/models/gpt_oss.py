@@ -121,3 +121,59 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
 
     reuse_or_build(folder, args, files, write)
     return folder
+
+
+def build_gpt_oss_bf16(root: str | Path | None = None, *, hidden_size: int = 512, layers: int = 8,
+                       experts: int = 8, experts_per_token: int = 2, sliding_window: int = 8,
+                       seed: int = 0) -> Path:
+    """Write (or reuse) a GPT-OSS folder of any size as plain bf16 safetensors, with the character tokenizer.
+
+    The same architecture and options as `build_gpt_oss_checkpoint`, but built in bf16 from the start (the
+    process holds one bf16 copy, never an fp32 one) and saved as `save_pretrained` does, in shards of at most
+    2 GB: the layout of a model a user fine-tuned and saved, at the size the memory benchmark needs
+    (benchmarks/llm_memory.py: about 1.5 GB).
+    """
+    args = {"hidden_size": hidden_size, "layers": layers, "experts": experts,
+            "experts_per_token": experts_per_token, "sliding_window": sliding_window, "seed": seed,
+            "version": _FORMAT_VERSION}
+    folder = Path(root) if root is not None else cache_dir(
+        "gpt_oss_checkpoint", f"bf16-h{hidden_size}-l{layers}-e{experts}-k{experts_per_token}-s{seed}")
+    names = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+    def write() -> None:
+        import torch
+        from transformers import GptOssForCausalLM
+
+        from helpers.models.char_tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        config = gpt_oss_config(len(tokenizer), tokenizer, hidden_size=hidden_size, layers=layers,
+                                experts=experts, experts_per_token=experts_per_token,
+                                sliding_window=sliding_window)
+        torch.manual_seed(seed)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = GptOssForCausalLM(config)
+        finally:
+            torch.set_default_dtype(default)
+        model.save_pretrained(folder, max_shard_size="2GB")
+        del model
+        tokenizer.save_pretrained(folder)
+
+    reuse_or_build(folder, args, [folder / n for n in names], write)
+    return folder
+
+
+def gpt_oss_config(vocab_size: int, tokenizer=None, *, hidden_size: int, layers: int, experts: int,
+                   experts_per_token: int = 2, sliding_window: int = 8):
+    """The `GptOssConfig` of this module's checkpoints (head_dim 16, intermediate size = hidden size)."""
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size, head_dim=16,
+        num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
+        num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=experts_per_token,
+        sliding_window=sliding_window, max_position_embeddings=256, rope_scaling=None,
+        tie_word_embeddings=False, pad_token_id=None if tokenizer is None else tokenizer.pad_token_id,
+        eos_token_id=None if tokenizer is None else tokenizer.eos_token_id, bos_token_id=None)

@@ -1,0 +1,437 @@
+"""Notebook 07's peak memory per process on a GPT-OSS-shaped checkpoint: only the loading rank holds a model.
+
+Writes a GPT-OSS checkpoint (the real `GptOssForCausalLM`: alternating sliding/full attention, attention
+sinks, top-2 routing; hidden size 512, 8 layers, as many experts as `--size-mb` needs; plain bf16
+safetensors with the gallery's character tokenizer in the folder) and a tiny one of the same kind (the
+notebook's default shape: hidden 64, 2 layers, 4 experts). Runs notebook 07 with
+`model_name=<folder>, strategy="fsdp", peft="lora", max_steps=1, run_parity=False` on small data, for each
+number of ranks N, first on the tiny checkpoint, then on the big one, with the environment `make test` uses
+(GALLERY_TRACKING=off, no GPU). While a run goes, a thread polls every 50 ms the resident memory (RSS,
+psutil) of the processes of the notebook's Jupyter kernel: the kernel itself (the process running
+ipykernel) and the ranks (the children of the launcher's forkserver, a child of the kernel; torch elastic
+starts them one after the other in rank order, so their pid order is rank order: `rank_order` checks it
+with a launch of its own). Each process keeps its peak. The model memory of a process is its peak with the
+big model minus its peak with the tiny one.
+
+The verdicts (exit status 1 if one fails):
+
+* every rank but rank 0 (the one that reads the checkpoint) holds at most its shard of the model (the model's
+  bytes at the training precision / N) + the largest decoder layer (the one FSDP gathers for its forward
+  and backward) + RANK_SLACK_MB;
+* the kernel's model memory is at most KERNEL_SLACK_MB: its peak must not grow with the model. The kernel is
+  judged on the cells before the notebook's "Scaling up" section: that section builds the published
+  20b/120b configurations with their LoRA adapters (`count_real_model`), whatever `model_name` is, and the
+  kernel's peak there spreads by more than a GB from run to run (2.0 and 3.4 GB measured with the same tiny
+  model); its peak over the whole notebook is printed too.
+
+Rank 0's model memory is printed, not judged: it reads the whole checkpoint, so about one model + its shard.
+
+    .venv/bin/python benchmarks/llm_memory.py [--size-mb 1500] [--ranks 2 4] [--json PATH]
+
+Slacks (each also printed in the output, with why):
+
+* KERNEL_SLACK_MB = 64: with `model_name` given the kernel reads only the config and the tokenizer and
+  builds meta-device models for the size table, whatever the checkpoint's size. Measured at 2 ranks: the
+  kernel's peak spread by under 1 MB over three runs with the tiny model, and grew by 11 MB from the tiny to
+  the 200 MB model once the kernel loaded no model; 64 MB is well above both and a sixth of the smallest
+  model this runs on (200 MB in bf16, 385 MiB at the ranks' fp32).
+* RANK_SLACK_MB = 128: on top of shard + one gathered layer, a rank with the big model holds the LoRA
+  adapters with their gradients and AdamW moments, activations of a 64-token batch at a wider hidden size, a
+  second copy of one layer's expert weights while PEFT applies the expert adapters (the merged weight of a
+  `target_parameters` LoRA), and allocator noise; all of that is independent of N and small against a
+  whole-model copy at the sizes tested (one copy is >= 400 MB at 200 MB bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from helpers.env import temporary_environ  # noqa: E402
+from helpers.gallery.execute import execute_notebook  # noqa: E402
+from helpers.gallery.notebook_io import read_metrics  # noqa: E402
+from helpers.paths import NOTEBOOKS_DIR  # noqa: E402
+
+NOTEBOOK = NOTEBOOKS_DIR / "07_trl_sft_gpt_oss.ipynb"
+MB = 2**20
+HIDDEN, LAYERS = 512, 8                       # the big checkpoint's width and depth; experts follow --size-mb
+TINY = {"hidden_size": 64, "layers": 2, "experts": 4}   # the notebook's own default shape
+KERNEL_SLACK_MB = 64
+RANK_SLACK_MB = 128
+POLL_SECONDS = 0.05
+# as `make test` runs the notebooks; torch starts the ranks one by one (pid order = rank order) unless
+# TORCH_MP_PARALLEL_START=1 asks it to start them from a thread pool
+ENVIRONMENT = {"GALLERY_TRACKING": "off", "CUDA_VISIBLE_DEVICES": "", "TORCH_MP_PARALLEL_START": None}
+SLACK_WHY = {
+    "kernel": (f"kernel slack {KERNEL_SLACK_MB} MB: with model_name the kernel reads a config and a "
+               "tokenizer and builds meta-device models only; measured: under 1 MB of spread between runs, "
+               "+11 MB from the tiny to the 200 MB model; 64 MB is a sixth of the smallest model tested"),
+    "rank": (f"rank slack {RANK_SLACK_MB} MB (on top of shard + one layer): LoRA adapters with gradients "
+             "and AdamW state, a 64-token batch's activations, PEFT's merged expert weight of one layer, "
+             "allocator noise; none of it grows with N or is near a whole model at the sizes tested"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def experts_for(size_mb: float, hidden: int = HIDDEN, layers: int = LAYERS) -> int:
+    """The expert count that brings the bf16 checkpoint closest to `size_mb` (10**6 bytes)."""
+    import torch
+    from transformers import GptOssForCausalLM
+
+    from helpers.models.char_tokenizer import build_char_tokenizer
+    from helpers.models.gpt_oss import gpt_oss_config
+
+    vocab = len(build_char_tokenizer())
+
+    def size(experts: int) -> int:
+        with torch.device("meta"):
+            config = gpt_oss_config(vocab, hidden_size=hidden, layers=layers, experts=experts)
+            model = GptOssForCausalLM(config)
+        return 2 * sum(p.numel() for p in model.parameters())
+
+    one, two = size(1), size(2)
+    return max(2, round((size_mb * 1e6 - one) / (two - one)) + 1)
+
+
+def big_checkpoint(size_mb: float) -> Path:
+    from helpers.models.gpt_oss import build_gpt_oss_bf16
+
+    return build_gpt_oss_bf16(hidden_size=HIDDEN, layers=LAYERS, experts=experts_for(size_mb))
+
+
+def tiny_checkpoint() -> Path:
+    from helpers.models.gpt_oss import build_gpt_oss_bf16
+
+    return build_gpt_oss_bf16(**TINY)
+
+
+def model_figures(folder: Path, bytes_per_value: int = 4) -> dict[str, int]:
+    """Parameters of a saved model (safetensors headers, nothing loaded), its bytes on disk and at the
+    training precision (fp32 on CPU: 4 bytes a value), and its largest decoder layer's bytes at that
+    precision."""
+    import re
+
+    from safetensors import safe_open
+
+    values, layers, on_disk = 0, {}, 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        on_disk += file.stat().st_size
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                n = 1
+                for d in f.get_slice(name).get_shape():
+                    n *= d
+                values += n
+                layer = re.match(r"model\.layers\.(\d+)\.", name)
+                if layer:
+                    layers[int(layer.group(1))] = layers.get(int(layer.group(1)), 0) + n
+    return {"parameters": values, "file_bytes": on_disk, "model_bytes": values * bytes_per_value,
+            "layer_bytes": max(layers.values()) * bytes_per_value, "layers": len(layers)}
+
+
+# ------------------------------------------------------------------------------------------------- polling
+class TreePeaks:
+    """Polls, every `interval` s, the RSS of the ipykernel processes under this process and of the ranks (the
+    children of each kernel's forkserver); keeps every process's peak."""
+
+    def __init__(self, interval: float = POLL_SECONDS) -> None:
+        import psutil
+
+        self.psutil, self.interval = psutil, interval
+        self.me = psutil.Process()
+        self.peaks: dict[int, int] = {}
+        self.where: dict[int, str] = {}      # pid -> the cell that ran when its peak was sampled
+        self.cell, self.cell_index = "(start)", -1
+        self.cell_peaks: dict[int, dict[int, int]] = {}   # pid -> cell index -> peak while that cell ran
+        self.kernels: set[int] = set()
+        self.ranks: dict[int, float] = {}     # pid -> create time (children of a forkserver)
+        self.forkservers: set[int] = set()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreePeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _rss(self, proc) -> None:
+        try:
+            rss = proc.memory_info().rss
+        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied, self.psutil.ZombieProcess):
+            return
+        cells = self.cell_peaks.setdefault(proc.pid, {})
+        if rss > cells.get(self.cell_index, 0):
+            cells[self.cell_index] = rss
+        if rss > self.peaks.get(proc.pid, 0):
+            self.peaks[proc.pid] = rss
+            self.where[proc.pid] = self.cell
+
+    def cell_start(self, cell: Any = None, cell_index: int = 0, **_: Any) -> None:
+        """papermill's on_cell_start hook: the running cell's number and first line, for `where`."""
+        first = next((line.strip() for line in (cell.source if cell is not None else "").splitlines()
+                      if line.strip()), "")
+        self.cell, self.cell_index = f"cell {cell_index}: {first[:50]}", cell_index
+
+    def _cmdline(self, proc) -> str:
+        try:
+            return " ".join(proc.cmdline())
+        except (self.psutil.NoSuchProcess, self.psutil.AccessDenied, self.psutil.ZombieProcess):
+            return ""
+
+    def poll(self) -> None:
+        ps = self.psutil
+        try:
+            children = self.me.children()
+        except ps.NoSuchProcess:
+            return
+        for kernel in children:
+            if kernel.pid not in self.kernels:
+                if "ipykernel" not in self._cmdline(kernel):
+                    continue
+                self.kernels.add(kernel.pid)
+            self._rss(kernel)
+            try:
+                below = kernel.children()
+            except ps.NoSuchProcess:
+                continue
+            for child in below:
+                if child.pid not in self.forkservers:
+                    if "forkserver" not in self._cmdline(child):
+                        continue
+                    self.forkservers.add(child.pid)
+                try:
+                    ranks = child.children()
+                except ps.NoSuchProcess:
+                    continue
+                for rank in ranks:
+                    if rank.pid not in self.ranks:
+                        try:
+                            self.ranks[rank.pid] = rank.create_time()
+                        except ps.NoSuchProcess:
+                            continue
+                    self._rss(rank)
+        self.samples += 1
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval)
+
+    def by_role(self, processes: int, kernel_until: int | None = None) -> dict[str, tuple[int, str]]:
+        """{"kernel": (peak, cell), "rank 0": (peak, cell), ...}: the ranks in pid order, launch after
+        launch, each launch `processes` ranks (rank = position % processes); a rank's peak is its highest
+        over the launches. The kernel's peak: over the cells before cell `kernel_until` (None: all)."""
+        if len(self.kernels) != 1:
+            raise RuntimeError(f"expected one Jupyter kernel under this process, saw {len(self.kernels)}")
+        if not self.ranks or len(self.ranks) % processes:
+            raise RuntimeError(f"saw {len(self.ranks)} rank processes, not a multiple of {processes}: a "
+                               "launch was missed (or started other processes from the forkserver)")
+        kernel = next(iter(self.kernels))
+        cells = {i: v for i, v in self.cell_peaks.get(kernel, {}).items()
+                 if kernel_until is None or i < kernel_until}
+        top = max(cells, key=cells.get) if cells else -1
+        roles = {"kernel": (cells.get(top, 0), f"cell {top}")}
+        for i, pid in enumerate(sorted(self.ranks)):
+            role = f"rank {i % processes}"
+            if self.peaks.get(pid, 0) >= roles.get(role, (0, ""))[0]:
+                roles[role] = (self.peaks.get(pid, 0), self.where.get(pid, ""))
+        return roles
+
+
+def _rank_identity() -> tuple[int, int, int]:
+    return int(os.environ["RANK"]), os.getpid(), os.getppid()
+
+
+def rank_order(processes: int) -> list[tuple[int, int, int]]:
+    """Launch `processes` ranks the way the notebook does (the local launcher's forkserver) and check that
+    their pids rise with their rank and that they share one parent: (rank, pid, parent) per rank."""
+    import cloudpickle
+
+    from helpers.launch import LaunchOptions, launch
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the ranks need not import this file
+    with temporary_environ(ENVIRONMENT):
+        found = launch(_rank_identity, options=LaunchOptions(processes=processes))
+    ranks = [r for r, _, _ in found]
+    pids = [p for _, p, _ in found]
+    parents = {pp for _, _, pp in found}
+    if ranks != list(range(processes)) or pids != sorted(pids) or len(parents) != 1:
+        raise RuntimeError(f"pid order is not rank order (rank, pid, parent): {found}")
+    return found
+
+
+# -------------------------------------------------------------------------------------------------- runs
+def run_07(model_folder: Path, processes: int, work: Path, n_train: int = 8, n_test: int = 4,
+           batch_size: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Notebook 07 on `model_folder` under FSDP + LoRA, 1 step, with every process's peak RSS polled
+    (`extra`: more notebook parameters)."""
+    batch_size = batch_size or processes
+    parameters = dict(model_name=str(model_folder), strategy="fsdp", peft="lora", processes=processes,
+                      max_steps=1, run_parity=False, n_train=n_train, n_test=n_test, batch_size=batch_size,
+                      epochs=1, output_dir=str(work / f"out-{model_folder.name}-{processes}"), **extra)
+    out = work / f"07-{model_folder.name}-{processes}.ipynb"
+    start = time.perf_counter()
+    with temporary_environ(ENVIRONMENT), TreePeaks() as peaks:
+        nb = execute_notebook(NOTEBOOK, out, parameters, timeout=1800, on_cell_start=peaks.cell_start)
+    metrics = read_metrics(nb)
+    if metrics.get("processes") != processes:
+        raise RuntimeError(f"the notebook ran {metrics.get('processes')} ranks, not {processes}")
+    scaling = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                    and c.source.lstrip().startswith("## Scaling up")), None)
+    roles = peaks.by_role(processes, kernel_until=scaling)
+    kernel = next(iter(peaks.kernels))
+    return {"peaks": {k: v[0] for k, v in roles.items()}, "peak_cells": {k: v[1] for k, v in roles.items()},
+            "kernel_whole_run": peaks.peaks.get(kernel, 0),
+            "kernel_whole_run_cell": peaks.where.get(kernel, ""),
+            "seconds": round(time.perf_counter() - start, 1),
+            "samples": peaks.samples, "precision": metrics.get("precision")}
+
+
+def measure(size_mb: float, ranks: list[int], work: Path, n_train: int = 8, n_test: int = 4,
+            log=print) -> dict[str, Any]:
+    """Per N: both runs' peaks, and the model figures; the input of `table` and `verdicts`."""
+    tiny, big = tiny_checkpoint(), big_checkpoint(size_mb)
+    model = model_figures(big)
+    figures: dict[str, Any] = {"size_mb": size_mb, "model": model, "tiny_model": model_figures(tiny),
+                               "checkpoint": str(big), "tiny_checkpoint": str(tiny), "runs": {}}
+    log(f"big checkpoint: {model['parameters']:,} parameters, {model['file_bytes'] / MB:.0f} MB on disk "
+        f"(bf16), {model['layers']} layers, {big.name}")
+    for n in ranks:
+        rank_order(n)
+        log(f"{n} ranks: pid order is rank order (checked with a launch of {n} ranks)")
+        runs = {}
+        for label, folder in (("tiny", tiny), ("big", big)):
+            runs[label] = run_07(folder, n, work, n_train=n_train, n_test=n_test, batch_size=n * 2)
+            log(f"{n} ranks, {label} model: {runs[label]['seconds']} s, {runs[label]['samples']} samples, "
+                f"precision {runs[label]['precision']}")
+        figures["runs"][str(n)] = runs
+    return figures
+
+
+def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per N and process: peaks in MB, the model memory, and the limit it is judged against."""
+    model = figures["model"]
+    out = []
+    for n, runs in figures["runs"].items():
+        n = int(n)
+        shard = model["model_bytes"] / n
+        for role in runs["tiny"]["peaks"]:
+            tiny, big = runs["tiny"]["peaks"][role], runs["big"]["peaks"].get(role, 0)
+            if role == "kernel":
+                limit = KERNEL_SLACK_MB * MB
+            elif role == "rank 0":
+                limit = None                           # the loading rank: printed, not judged
+            else:
+                limit = shard + model["layer_bytes"] + RANK_SLACK_MB * MB
+            growth = big - tiny
+            out.append({"ranks": n, "process": role, "peak_tiny_mb": round(tiny / MB, 1),
+                        "peak_big_mb": round(big / MB, 1), "model_memory_mb": round(growth / MB, 1),
+                        "model_mb": round(model["model_bytes"] / MB, 1), "shard_mb": round(shard / MB, 1),
+                        "layer_mb": round(model["layer_bytes"] / MB, 1),
+                        "limit_mb": None if limit is None else round(limit / MB, 1),
+                        "ok": None if limit is None else growth <= limit})
+    return out
+
+
+def table(figures: dict[str, Any]) -> str:
+    head = ("ranks", "process", "peak tiny MB", "peak big MB", "model memory MB", "model MB", "shard MB",
+            "layer MB", "limit MB", "verdict")
+    lines = [head]
+    for r in rows(figures):
+        verdict = "loads the checkpoint" if r["ok"] is None else ("ok" if r["ok"] else "ABOVE LIMIT")
+        lines.append((str(r["ranks"]), r["process"], f"{r['peak_tiny_mb']:.0f}", f"{r['peak_big_mb']:.0f}",
+                      f"{r['model_memory_mb']:+.0f}", f"{r['model_mb']:.0f}", f"{r['shard_mb']:.0f}",
+                      f"{r['layer_mb']:.0f}", "-" if r["limit_mb"] is None else f"{r['limit_mb']:.0f}",
+                      verdict))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.rjust(w) if i not in (1, 9) else cell.ljust(w)
+                               for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+                     for line in lines)
+
+
+def verdicts(figures: dict[str, Any]) -> list[str]:
+    """The failed verdicts, one sentence each (empty: every process within its limit)."""
+    failed = []
+    for r in rows(figures):
+        if r["ok"] is False:
+            what = ("the kernel's peak grew with the model" if r["process"] == "kernel" else
+                    f"{r['process']} held more than its shard ({r['shard_mb']:.0f} MB) + one layer "
+                    f"({r['layer_mb']:.0f} MB) + slack")
+            failed.append(f"{r['ranks']} ranks: {what}: model memory {r['model_memory_mb']:+.0f} MB > limit "
+                          f"{r['limit_mb']:.0f} MB (model {r['model_mb']:.0f} MB at the training precision)")
+    return failed
+
+
+def loading_rank_lines(figures: dict[str, Any]) -> list[str]:
+    out = []
+    for r in rows(figures):
+        if r["process"] == "rank 0":
+            out.append(f"{r['ranks']} ranks: rank 0 (reads the checkpoint) model memory "
+                       f"{r['model_memory_mb']:+.0f} MB = {r['model_memory_mb'] / r['model_mb']:.2f} x the "
+                       f"model "
+                       f"(expected about one model + its shard: {r['model_mb'] + r['shard_mb']:.0f} MB)")
+    return out
+
+
+def peak_cell_lines(figures: dict[str, Any]) -> list[str]:
+    """Where each process peaked: the cell that ran when its highest sample was taken."""
+    out = []
+    for n, runs in figures["runs"].items():
+        for label, run in runs.items():
+            for role, cell in run.get("peak_cells", {}).items():
+                out.append(f"{n} ranks, {label} model, {role} peaked in {cell}")
+            out.append(f"{n} ranks, {label} model, kernel over the whole notebook (Scaling up included): "
+                       f"{run['kernel_whole_run'] / MB:.0f} MB, in {run['kernel_whole_run_cell']}")
+    return out
+
+
+def report(figures: dict[str, Any], log=print) -> list[str]:
+    log(table(figures))
+    for line in [*loading_rank_lines(figures), *peak_cell_lines(figures)]:
+        log(line)
+    for why in SLACK_WHY.values():
+        log(why)
+    failed = verdicts(figures)
+    for line in failed:
+        log(f"FAIL: {line}")
+    if not failed:
+        log("every rank but the loading one held at most its shard + one layer + slack; the kernel's peak "
+            "did not grow with the model")
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=float, default=1500,
+                        help="the big checkpoint's size in bf16 (MB of 10**6 bytes)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="numbers of ranks, in order")
+    parser.add_argument("--n-train", type=int, default=8, help="training conversations (1 step is run)")
+    parser.add_argument("--n-test", type=int, default=4, help="held-out conversations")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures (and verdicts) here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="llm-memory-") as work:
+        figures = measure(args.size_mb, args.ranks, Path(work), n_train=args.n_train, n_test=args.n_test)
+    failed = report(figures)
+    if args.json:
+        figures["rows"] = rows(figures)
+        figures["failed"] = failed
+        figures["slack_mb"] = {"kernel": KERNEL_SLACK_MB, "rank": RANK_SLACK_MB}
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
