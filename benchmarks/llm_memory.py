@@ -1,10 +1,12 @@
 """Notebook 07's peak memory per process on a GPT-OSS-shaped checkpoint: only the loading rank holds a model.
 
 Writes a GPT-OSS checkpoint (the real `GptOssForCausalLM`: alternating sliding/full attention, attention
-sinks, top-2 routing; hidden size 256 and gpt-oss-120b's 36 layers, as many experts as `--size-mb` needs; plain bf16
-safetensors with the gallery's character tokenizer in the folder) and a tiny one of the same kind (the
-notebook's default shape: hidden 64, 2 layers, 4 experts). Runs notebook 07 with
-`model_name=<folder>, strategy="fsdp", peft="lora", max_steps=1, run_parity=False` on small data, for each
+sinks, top-2 routing; hidden size 256 and gpt-oss-120b's 36 layers, as many experts as `--size-mb` needs;
+plain bf16 safetensors with the gallery's character tokenizer in the folder) and a tiny one of the same kind
+(the notebook's default shape: hidden 64, 2 layers, 4 experts). Runs notebook 07 with
+`model_name=<folder>, strategy="fsdp", peft="lora", max_steps=1, run_parity=False` and, as the advertised
+120B command, `gradient_checkpointing=True` (LoRA rank 2: the adapters' share of this narrow model is then
+near their share of gpt-oss-120b) on small data, for each
 number of ranks N, first on the tiny checkpoint, then on the big one, with the environment `make test` uses
 (GALLERY_TRACKING=off, no GPU). While a run goes, a thread polls every 50 ms the resident memory (RSS,
 psutil) of the processes of the notebook's Jupyter kernel: the kernel itself (the process running
@@ -63,8 +65,8 @@ from helpers.paths import NOTEBOOKS_DIR  # noqa: E402
 
 NOTEBOOK = NOTEBOOKS_DIR / "07_trl_sft_gpt_oss.ipynb"
 MB = 2**20
-# the big checkpoint's width and depth: gpt-oss-120b's 36 layers, so that one layer is the share of the model it
-# is there (what FSDP gathers at a time is a layer); the experts follow --size-mb
+# the big checkpoint's width and depth: gpt-oss-120b's 36 layers, so that one layer is the share of the model
+# it is there (what FSDP gathers at a time is a layer); the experts follow --size-mb
 HIDDEN, LAYERS = 256, 36
 TINY = {"hidden_size": 64, "layers": 2, "experts": 4}   # the notebook's own default shape
 KERNEL_SLACK_MB = 64

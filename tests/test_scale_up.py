@@ -294,8 +294,8 @@ def test_04_scale_up_10m_preset(run_notebook, tmp_path):
 @pytest.mark.notebook
 def test_05_scale_up_saved_llama_folder(run_notebook, tmp_path):
     """A Llama-3.2-shaped folder (BPE tokenizer, Llama 3's template, no pad token) through the same
-    AutoModel/AutoTokenizer path as a real checkpoint, on a JSONL of the user's chats: trained, saved,
-    reloaded and scored, with the stage-parity pass skipped."""
+    AutoModel/AutoTokenizer path as a real checkpoint, on a JSONL of the user's chats: scored in the ranks
+    before and after training, saved, with the stage-parity pass skipped."""
     nb, metrics = run_notebook("05_deepspeed_zero_sft", **_run_parameters("05_deepspeed_zero_sft", tmp_path))
     assert (tmp_path / "llama-sft" / "config.json").is_file()   # the fine-tuned model went where it was told
     assert metrics["zero_stage"] == 3 and 0 <= metrics["accuracy_after"] <= 1
@@ -306,7 +306,8 @@ def test_05_scale_up_saved_llama_folder(run_notebook, tmp_path):
 def test_07_scale_up_mxfp4_gpt_oss_folder(run_notebook, tmp_path):
     """A GPT-OSS folder in the published MXFP4 layout (uint8 expert blocks and scales, `quant_method: mxfp4`)
     through the same path as openai/gpt-oss-120b: dequantized while loading, FSDP2 + LoRA on attention and
-    experts with gradient checkpointing, the adapter saved, reloaded onto the base model and scored."""
+    experts with gradient checkpointing (rank 0 reads and dequantizes the checkpoint, rank 1 receives its
+    shards), scored in the ranks before and after, and the adapter saved."""
     nb, metrics = run_notebook("07_trl_sft_gpt_oss", **_run_parameters("07_trl_sft_gpt_oss", tmp_path))
     assert (tmp_path / "gpt-oss-120b-lora" / "adapter_model.safetensors").is_file()
     assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and 0 <= metrics["accuracy_after"] <= 1
