@@ -2,7 +2,8 @@
 
 benchmarks/llm_memory.py at about 200 MB (bf16; 400 MB at the ranks' fp32) and 2 ranks: notebook 07 runs once
 on a tiny GPT-OSS checkpoint and once on the 200 MB one, every process's peak RSS polled from outside; rank 1
-may grow by at most its shard + one decoder layer + the benchmark's slack, the kernel by at most its slack.
+may grow by at most its shard + the layer-sized tensors FSDP2 and PEFT hold at once + the LoRA adapters + the
+benchmark's slack, the kernel by at most its slack.
 The benchmark's own functions do the runs and the judging (nothing is copied here).
 """
 
