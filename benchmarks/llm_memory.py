@@ -216,29 +216,28 @@ class TreePeaks:
         except (self.psutil.NoSuchProcess, self.psutil.AccessDenied, self.psutil.ZombieProcess):
             return ""
 
+    def _children(self, proc: Any, seen: set[int], marker: str) -> list[Any]:
+        """`proc`'s children whose command line names `marker` (remembered by pid once seen)."""
+        try:
+            children = proc.children()
+        except self.psutil.NoSuchProcess:
+            return []
+        found = []
+        for child in children:
+            if child.pid not in seen:
+                if marker not in self._cmdline(child):
+                    continue
+                seen.add(child.pid)
+            found.append(child)
+        return found
+
     def poll(self) -> None:
         ps = self.psutil
-        try:
-            children = self.me.children()
-        except ps.NoSuchProcess:
-            return
-        for kernel in children:
-            if kernel.pid not in self.kernels:
-                if "ipykernel" not in self._cmdline(kernel):
-                    continue
-                self.kernels.add(kernel.pid)
+        for kernel in self._children(self.me, self.kernels, "ipykernel"):
             self._rss(kernel)
-            try:
-                below = kernel.children()
-            except ps.NoSuchProcess:
-                continue
-            for child in below:
-                if child.pid not in self.forkservers:
-                    if "forkserver" not in self._cmdline(child):
-                        continue
-                    self.forkservers.add(child.pid)
+            for server in self._children(kernel, self.forkservers, "forkserver"):
                 try:
-                    ranks = child.children()
+                    ranks = server.children()
                 except ps.NoSuchProcess:
                     continue
                 for rank in ranks:
