@@ -99,18 +99,14 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
 
     def write() -> None:
         import torch
-        from transformers import GptOssConfig, GptOssForCausalLM
+        from transformers import GptOssForCausalLM
 
         from helpers.models.char_tokenizer import build_char_tokenizer
 
         tokenizer = build_char_tokenizer()
-        config = GptOssConfig(
-            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size, head_dim=16,
-            num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
-            num_hidden_layers=layers, num_local_experts=experts, num_experts_per_tok=experts_per_token,
-            sliding_window=sliding_window, max_position_embeddings=256, rope_scaling=None,
-            tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+        config = gpt_oss_config(len(tokenizer), tokenizer, hidden_size=hidden_size, layers=layers,
+                                experts=experts, experts_per_token=experts_per_token,
+                                sliding_window=sliding_window)
         torch.manual_seed(seed)
         model = GptOssForCausalLM(config)
         if mxfp4:
