@@ -18,11 +18,16 @@ big model minus its peak with the tiny one.
 The verdicts (exit status 1 if one fails):
 
 * every rank but rank 0 (the one that reads the checkpoint) holds at most its shard of the model (the model's
-  bytes at the training precision / N) + LAYERS_IN_FLIGHT times the largest decoder layer (FSDP2 keeps two
-  layers gathered at once, the one computing and the next, each in its all-gather buffer and copied out of
-  it; PEFT's expert LoRA builds the layer's merged expert weight and, backward, its gradient) + the LoRA
+  bytes at the training precision / N) + LAYERS_IN_FLIGHT times the largest decoder layer + the LoRA
   adapters (made whole on every rank, 4 bytes a parameter, then sharded with their gradients and AdamW
-  moments, 12 bytes / N) + RANK_SLACK_MB. What falls as 1/N is the shard; the rest does not grow with N;
+  moments, 12 bytes / N) + RANK_SLACK_MB. What falls as 1/N is the shard; the rest does not grow with N.
+  The layers in flight: a rank peaks in the backward pass of a decoder layer, inside autograd. It holds that
+  layer, gathered (notebook 07 turns off FSDP2's backward prefetch, which would gather the next one too: one
+  layer more, measured), and what PEFT's LoRA on the experts adds: the layer's merged expert weight (W + B A
+  over the stacked experts) and its gradient, which autograd sums expert by expert from full-size tensors
+  (transformers' training loop indexes one expert at a time out of the stacked weight). Each row prints how
+  many layers' worth a rank held beyond its shard and adapters (`in_flight_layers`); notebook 07 scales that
+  figure to gpt-oss-120b;
 * the kernel's model memory is at most KERNEL_SLACK_MB: its peak must not grow with the model. The kernel is
   judged on the cells before the notebook's "Scaling up" section: that section builds the published
   20b/120b configurations with their LoRA adapters (`count_real_model`), whatever `model_name` is, and the
@@ -32,6 +37,8 @@ The verdicts (exit status 1 if one fails):
 Rank 0's model memory is printed, not judged: it reads the whole checkpoint, so about one model + its shard.
 
     .venv/bin/python benchmarks/llm_memory.py [--size-mb 1500] [--ranks 2 4] [--json PATH]
+    .venv/bin/python benchmarks/llm_memory.py --rejudge PATH   # a stored run's rows and verdicts, with
+                                                                # this file's limits; nothing is run
 
 Slacks (each also printed in the output, with why):
 
@@ -72,11 +79,10 @@ HIDDEN, LAYERS = 256, 36
 TINY = {"hidden_size": 64, "layers": 2, "experts": 4}   # the notebook's own default shape
 KERNEL_SLACK_MB = 64
 RANK_SLACK_MB = 128
-# layer-sized tensors a rank holds at once beyond its shard: FSDP2 keeps up to two decoder layers gathered
-# (the one computing and the next, prefetched), each twice (the all-gather buffer and the parameters copied
-# out of it), and PEFT's LoRA on the experts builds each layer's merged expert weight and, in the backward
-# pass, its gradient
-LAYERS_IN_FLIGHT = 6
+# layer-sized tensors a rank holds at once beyond its shard, in the backward pass of a layer: the layer,
+# gathered, PEFT's merged expert weight, its gradient and the full-size tensors autograd adds each expert's
+# share of that gradient from (see the verdicts above)
+LAYERS_IN_FLIGHT = 5
 LORA_R, LORA_ALPHA = 2, 4
 POLL_SECONDS = 0.05
 # as `make test` runs the notebooks; torch starts the ranks one by one (pid order = rank order) unless
@@ -350,26 +356,33 @@ def measure(size_mb: float, ranks: list[int], work: Path, n_train: int = 8, n_te
 
 
 def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per N and process: peaks in MB, the model memory, and the limit it is judged against."""
+    """One row per N and process: peaks in MB, the model memory, the limit it is judged against, and for the
+    ranks that receive their shards the layer-sized tensors they held beyond shard and adapters (`in_flight`,
+    in layers: what notebook 07 scales to gpt-oss-120b)."""
     model = figures["model"]
     out = []
     for n, runs in figures["runs"].items():
         n = int(n)
         shard = model["model_bytes"] / n
+        # the adapters, made whole on every rank, and their gradients and AdamW moments, sharded
+        adapters = model["adapter_parameters"] * (4 + 12 / n)
         for role in runs["tiny"]["peaks"]:
             tiny, big = runs["tiny"]["peaks"][role], runs["big"]["peaks"].get(role, 0)
+            growth = big - tiny
+            in_flight = None
             if role == "kernel":
                 limit = KERNEL_SLACK_MB * MB
             elif role == "rank 0":
                 limit = None                           # the loading rank: printed, not judged
-            else:   # + the adapters, made whole on every rank, and their gradients and AdamW moments, sharded
-                adapters = model["adapter_parameters"] * (4 + 12 / n)
+            else:
                 limit = shard + LAYERS_IN_FLIGHT * model["layer_bytes"] + adapters + RANK_SLACK_MB * MB
-            growth = big - tiny
+                in_flight = round((growth - shard - adapters) / model["layer_bytes"], 2)
             out.append({"ranks": n, "process": role, "peak_tiny_mb": round(tiny / MB, 1),
                         "peak_big_mb": round(big / MB, 1), "model_memory_mb": round(growth / MB, 1),
                         "model_mb": round(model["model_bytes"] / MB, 1), "shard_mb": round(shard / MB, 1),
                         "layer_mb": round(model["layer_bytes"] / MB, 1),
+                        "adapters_mb": None if role == "kernel" else round(adapters / MB, 1),
+                        "in_flight_layers": in_flight,
                         "limit_mb": None if limit is None else round(limit / MB, 1),
                         "ok": None if limit is None else growth <= limit})
     return out
@@ -377,16 +390,18 @@ def rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
 
 def table(figures: dict[str, Any]) -> str:
     head = ("ranks", "process", "peak tiny MB", "peak big MB", "model memory MB", "model MB", "shard MB",
-            "layer MB", "limit MB", "verdict")
+            "layer MB", "adapters MB", "in flight (layers)", "limit MB", "verdict")
     lines = [head]
     for r in rows(figures):
         verdict = "loads the checkpoint" if r["ok"] is None else ("ok" if r["ok"] else "ABOVE LIMIT")
         lines.append((str(r["ranks"]), r["process"], f"{r['peak_tiny_mb']:.0f}", f"{r['peak_big_mb']:.0f}",
                       f"{r['model_memory_mb']:+.0f}", f"{r['model_mb']:.0f}", f"{r['shard_mb']:.0f}",
-                      f"{r['layer_mb']:.0f}", "-" if r["limit_mb"] is None else f"{r['limit_mb']:.0f}",
+                      f"{r['layer_mb']:.0f}", "-" if r["adapters_mb"] is None else f"{r['adapters_mb']:.0f}",
+                      "-" if r["in_flight_layers"] is None else f"{r['in_flight_layers']:.1f}",
+                      "-" if r["limit_mb"] is None else f"{r['limit_mb']:.0f}",
                       verdict))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(cell.rjust(w) if i not in (1, 9) else cell.ljust(w)
+    return "\n".join("  ".join(cell.rjust(w) if i not in (1, len(head) - 1) else cell.ljust(w)
                                for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
                      for line in lines)
 
@@ -450,9 +465,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-train", type=int, default=8, help="training conversations (1 step is run)")
     parser.add_argument("--n-test", type=int, default=4, help="held-out conversations")
     parser.add_argument("--json", type=Path, default=None, help="write the figures (and verdicts) here")
+    parser.add_argument("--rejudge", type=Path, default=None,
+                        help="a JSON this benchmark wrote: recompute its rows and verdicts with this file's "
+                             "limits from the peaks it stored, rewrite it, measure nothing")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="llm-memory-") as work:
-        figures = measure(args.size_mb, args.ranks, Path(work), n_train=args.n_train, n_test=args.n_test)
+    if args.rejudge:
+        try:
+            figures = json.loads(args.rejudge.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--rejudge {args.rejudge}: cannot read it as JSON ({e}); pass a file that "
+                             "--json wrote") from None
+        if not isinstance(figures, dict) or "runs" not in figures or "model" not in figures:
+            raise SystemExit(f"--rejudge {args.rejudge}: not a file written by --json (no 'runs' or 'model')")
+        args.json = args.rejudge
+    else:
+        with tempfile.TemporaryDirectory(prefix="llm-memory-") as work:
+            figures = measure(args.size_mb, args.ranks, Path(work), n_train=args.n_train, n_test=args.n_test)
     failed = report(figures)
     if args.json:
         figures["rows"] = rows(figures)

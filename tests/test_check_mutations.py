@@ -263,6 +263,11 @@ MUTATIONS = [
              '        estimate = model_state_bytes(own_counts, s, world_size=1, optimizer="sgd")\n',
              r"FSDP: the ranks held .* bytes of model state, memory_plan plans", dict(max_steps=2, n_test=10),
              slow=True),
+    Mutation("07_trl_sft_gpt_oss", "twice the layers in flight: more than an 80 GB GPU holds at 120B",
+             'in_flight = float(measured["in_flight_layers"].max())',
+             'in_flight = 2 * float(measured["in_flight_layers"].max())',
+             r"the advertised gpt-oss-120b command needs .* GB a GPU by the measured figures",
+             dict(processes=1, run_parity=False, max_steps=2, n_test=8), slow=True),
     Mutation("07_trl_sft_gpt_oss", "an untrained model logged in place of the fine-tuned one",
              'components = {"model": finetuned, "tokenizer": finetuned_tokenizer}',
              'components = {"model": AutoModelForCausalLM.from_pretrained(model_path, '
