@@ -118,10 +118,19 @@ class ParamCounts:
         return self.stored_bytes(self.frozen, min(self.quantizable, self.frozen))
 
     @property
+    def block_bytes(self) -> float:
+        """The largest block (a layer) in its 16-bit (or 4-bit) compute copy: what FSDP gathers per layer."""
+        return self.stored_bytes(self.largest_block, self.largest_block_quantizable)
+
+    @property
+    def outside_bytes(self) -> float:
+        """Everything outside the blocks (embeddings, final norm, head) in its compute copy."""
+        return self.stored_bytes(self.outside_blocks, self.outside_blocks_quantizable)
+
+    @property
     def gathered_bytes(self) -> float:
         """One block and everything outside the blocks, in their 16-bit (or 4-bit) compute copy."""
-        return (self.stored_bytes(self.largest_block, self.largest_block_quantizable)
-                + self.stored_bytes(self.outside_blocks, self.outside_blocks_quantizable))
+        return self.block_bytes + self.outside_bytes
 
 
 @dataclass(frozen=True)
