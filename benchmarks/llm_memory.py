@@ -176,6 +176,10 @@ def adapter_parameters(folder: Path) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- polling
+class RankCountError(RuntimeError):
+    """The forkserver's children were not whole launches of the ranks: their peaks cannot be assigned."""
+
+
 class TreePeaks:
     """Polls, every `interval` s, the RSS of the ipykernel processes under this process and of the ranks (the
     children of each kernel's forkserver); keeps every process's peak."""
@@ -273,8 +277,12 @@ class TreePeaks:
         if len(self.kernels) != 1:
             raise RuntimeError(f"expected one Jupyter kernel under this process, saw {len(self.kernels)}")
         if not self.ranks or len(self.ranks) % processes:
-            raise RuntimeError(f"saw {len(self.ranks)} rank processes, not a multiple of {processes}: a "
-                               "launch was missed (or started other processes from the forkserver)")
+            first = min(self.ranks.values(), default=0.0)
+            seen = [(pid, round(t - first, 2), round(self.peaks.get(pid, 0) / MB)) for pid, t in
+                    sorted(self.ranks.items())]
+            raise RankCountError(f"saw {len(self.ranks)} rank processes, not a multiple of {processes}: a "
+                                 "launch was missed (or started other processes from the forkserver); "
+                                 f"(pid, started s after the first, peak MB): {seen}")
         kernel = next(iter(self.kernels))
         cells = {i: v for i, v in self.cell_peaks.get(kernel, {}).items()
                  if kernel_until is None or i < kernel_until}
@@ -323,15 +331,24 @@ def run_07(model_folder: Path, processes: int, work: Path, n_train: int = 8, n_t
                       # parameters, near their 0.9% of gpt-oss-120b at the notebook's rank 16
                       lora_r=LORA_R, lora_alpha=LORA_ALPHA, **extra)
     out = work / f"07-{model_folder.name}-{processes}.ipynb"
-    start = time.perf_counter()
-    with temporary_environ(ENVIRONMENT), TreePeaks() as peaks:
-        nb = execute_notebook(NOTEBOOK, out, parameters, timeout=1800, on_cell_start=peaks.cell_start)
-    metrics = read_metrics(nb)
-    if metrics.get("processes") != processes:
-        raise RuntimeError(f"the notebook ran {metrics.get('processes')} ranks, not {processes}")
-    scaling = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-                    and c.source.lstrip().startswith("## Scaling up")), None)
-    roles = peaks.by_role(processes, kernel_until=scaling)
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        with temporary_environ(ENVIRONMENT), TreePeaks() as peaks:
+            nb = execute_notebook(NOTEBOOK, out, parameters, timeout=1800, on_cell_start=peaks.cell_start)
+        metrics = read_metrics(nb)
+        if metrics.get("processes") != processes:
+            raise RuntimeError(f"the notebook ran {metrics.get('processes')} ranks, not {processes}")
+        scaling = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                        and c.source.lstrip().startswith("## Scaling up")), None)
+        try:
+            roles = peaks.by_role(processes, kernel_until=scaling)
+            break
+        except RankCountError as e:
+            # seen once in many runs: one forkserver child more than the launch's ranks, origin unknown;
+            # the peaks cannot be told apart, so this run is measured again (once) rather than guessed
+            if attempt == 2:
+                raise
+            print(f"run_07 on {model_folder.name}, {processes} ranks, measured again: {e}", file=sys.stderr)
     kernel = next(iter(peaks.kernels))
     return {"peaks": {k: v[0] for k, v in roles.items()}, "peak_cells": {k: v[1] for k, v in roles.items()},
             "kernel_whole_run": peaks.peaks.get(kernel, 0),

@@ -23,3 +23,20 @@ def test_only_the_loading_rank_holds_the_model(tmp_path):
                        *SLACK_WHY.values()])
     failed = verdicts(figures)
     assert not failed, "\n".join(failed) + "\n" + shown
+
+
+def test_peaks_go_to_ranks_by_pid_order_and_a_stray_process_is_refused():
+    """TreePeaks assigns the forkserver's children to ranks launch by launch; a count that is not whole
+    launches raises RankCountError (run_07 then measures again) instead of assigning peaks by guess."""
+    from benchmarks.llm_memory import MB, RankCountError, TreePeaks
+
+    peaks = TreePeaks()
+    peaks.kernels = {100}
+    peaks.cell_peaks = {100: {0: 5 * MB, 3: 9 * MB}}
+    peaks.ranks = {201: 1.0, 202: 1.1, 301: 9.0, 302: 9.1}        # two launches of 2 ranks
+    peaks.peaks = {201: 10 * MB, 202: 30 * MB, 301: 20 * MB, 302: 25 * MB}
+    roles = peaks.by_role(2, kernel_until=3)
+    assert {k: v[0] // MB for k, v in roles.items()} == {"kernel": 5, "rank 0": 20, "rank 1": 30}
+    peaks.ranks[303] = 9.5                                        # one process more than the launches
+    with pytest.raises(RankCountError, match=r"saw 5 rank processes, not a multiple of 2.*\(303, 8\.5, 0\)"):
+        peaks.by_role(2)
