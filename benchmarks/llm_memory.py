@@ -195,6 +195,7 @@ class TreePeaks:
         self.cell_peaks: dict[int, dict[int, int]] = {}   # pid -> cell index -> peak while that cell ran
         self.kernels: set[int] = set()
         self.ranks: dict[int, float] = {}     # pid -> create time (children of a forkserver)
+        self.first_cell: dict[int, int] = {}  # pid -> the cell that ran when it was first seen
         self.forkservers: set[int] = set()
         self.samples = 0
         self._stop = threading.Event()
@@ -262,6 +263,7 @@ class TreePeaks:
                             self.ranks[rank.pid] = rank.create_time()
                         except ps.NoSuchProcess:
                             continue
+                        self.first_cell[rank.pid] = self.cell_index
                     self._rss(rank)
         self.samples += 1
 
@@ -276,6 +278,15 @@ class TreePeaks:
         over the launches. The kernel's peak: over the cells before cell `kernel_until` (None: all)."""
         if len(self.kernels) != 1:
             raise RuntimeError(f"expected one Jupyter kernel under this process, saw {len(self.kernels)}")
+        # a launch starts all its ranks within one cell: forkserver children that appeared in a cell fewer
+        # than one launch are not ranks (one such, started long before the launch, was seen under make
+        # test's load) and are left out
+        by_cell: dict[int, list[int]] = {}
+        for pid in self.ranks:
+            by_cell.setdefault(self.first_cell.get(pid, -1), []).append(pid)
+        strays = [pid for pids in by_cell.values() if len(pids) < processes for pid in pids]
+        if strays and len(strays) < len(self.ranks):
+            self.ranks = {pid: t for pid, t in self.ranks.items() if pid not in strays}
         if not self.ranks or len(self.ranks) % processes:
             first = min(self.ranks.values(), default=0.0)
             seen = [(pid, round(t - first, 2), round(self.peaks.get(pid, 0) / MB)) for pid, t in

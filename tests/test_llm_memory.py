@@ -37,6 +37,11 @@ def test_peaks_go_to_ranks_by_pid_order_and_a_stray_process_is_refused():
     peaks.peaks = {201: 10 * MB, 202: 30 * MB, 301: 20 * MB, 302: 25 * MB}
     roles = peaks.by_role(2, kernel_until=3)
     assert {k: v[0] // MB for k, v in roles.items()} == {"kernel": 5, "rank 0": 20, "rank 1": 30}
-    peaks.ranks[303] = 9.5                                        # one process more than the launches
+    peaks.first_cell = {201: 5, 202: 5, 301: 9, 302: 9}
+    peaks.ranks[150], peaks.first_cell[150] = 0.5, 2   # a forkserver child alone in an earlier cell
+    ranks = {k: v[0] // MB for k, v in peaks.by_role(2).items() if k != "kernel"}
+    assert ranks == {"rank 0": 20, "rank 1": 30}
+    assert 150 not in peaks.ranks
+    peaks.ranks[303], peaks.first_cell[303] = 9.5, 9   # one process more, in a launch's own cell
     with pytest.raises(RankCountError, match=r"saw 5 rank processes, not a multiple of 2.*\(303, 8\.5, 0\)"):
         peaks.by_role(2)
