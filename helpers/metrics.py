@@ -64,8 +64,13 @@ def _save_figure(figure: Any, run_dir: str, notebook: str) -> str | None:
 
 def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None, figure: Any = None,
                    tracking_uri: str | None = None, mlflow_run_id: str | None = None,
-                   **metrics: Any) -> dict[str, Any]:
+                   logged_model: Any = None, **metrics: Any) -> dict[str, Any]:
     """Show the headline metrics as a table, store them in the cell's output metadata, track the run.
+
+    The run's parameters are read from the kernel (`helpers.parameters.parameters_as_run`: the parameters
+    cell and what papermill injected); `params` adds or replaces values, such as a default folder the notebook
+    resolved (`output_dir=...`). `logged_model` (what `helpers.registry.log_model` returned) records where the
+    trained model was logged: its MLflow run (the one this call completes) and its URI.
 
     The gallery runner reads the metrics back from the executed notebook, so a notebook needs no side
     channel to report its results, and the stored notebook carries them too. Under the gallery runner
@@ -82,10 +87,15 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
     import os
 
     from helpers import tracking
+    from helpers.parameters import parameters_as_run
 
+    params = {**parameters_as_run(), **(params or {})}
+    if logged_model is not None:
+        mlflow_run_id = mlflow_run_id or logged_model.run_id
+        metrics.setdefault("logged_model_uri", logged_model.uri if logged_model.run_id else None)
     plain = {k: _plain(v) for k, v in metrics.items()}
     meta: dict[str, Any] = {"metrics": plain, "host": _host(),
-                            "params": {str(k): _json_safe(v) for k, v in (params or {}).items()}}
+                            "params": {str(k): _json_safe(v) for k, v in params.items()}}
     on_driver = os.environ.get("RANK", "0") in ("", "0")
     if on_driver:
         run_dir = os.environ.get(tracking.ENV_RUN_DIR)

@@ -50,36 +50,81 @@ def test_step_cap_is_checked_before_the_first_launch(path):
     assert checked[0] < _first_launch_cell(cells), "check_max_steps(max_steps) comes after the first launch"
 
 
+# One name per meaning across the gallery: each name, and the names no notebook may use for that meaning.
+VOCABULARY = {
+    # the user's data: a file or a folder, as the notebook documents
+    "data_path": ("data_dir", "text_path", "dataset_path", "images_dir", "val_images_dir", "annotations_json",
+                  "val_annotations_json", "ratings_path"),
+    "output_dir": ("checkpoint_dir", "run_dir", "storage_path", "save_dir"),   # where a run writes
+    "n_train": ("train_size", "train_images"),   # how many examples of the built-in data set
+    "n_val": ("val_size", "val_images"),
+    "n_test": ("test_size", "test_images"),
+    "hidden_size": ("hidden", "d_model", "width"),   # the built model's width
+    "layers": ("n_layers", "num_layers", "depth"),   # and depth
+}
+# The harness's parameters come after a comment line that ends the technique's.
+HARNESS = ("cluster", "register_as", "max_steps", "run_parity", "parity_steps", "tracking_uri")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_shared_parameter_names(path):
     """Parameters of the same kind have the same name everywhere: every notebook that trains does so on GPUs
     when there are some, so each takes `precision` ("auto" by default), and one that trains nothing takes no
-    `precision` it would ignore; the input data folder, where there is one, is `data_dir`, and outputs are
-    never called that."""
+    `precision` it would ignore; the user's data is `data_path`, outputs go to `output_dir`, and so on
+    (VOCABULARY)."""
     params = notebook_parameters(path)
     if path.stem in TRAINS_NOTHING:
         assert "precision" not in params, f"{path.stem} trains nothing: its precision would do nothing"
     else:
         assert params.get("precision", "missing") == "auto", "every training notebook takes precision='auto'"
     for name in params:
-        if name.endswith("_csv") or name == "ratings_path":
-            pytest.fail(f"{name}: a notebook reads its input from data_dir (a folder), not a file parameter")
-    assert "mds_dir" not in params or "data_dir" in params
+        for meaning, others in VOCABULARY.items():
+            if name in others:
+                pytest.fail(f"{name}: the gallery calls this {meaning!r} in every notebook")
+        if name.endswith("_csv"):
+            pytest.fail(f"{name}: a notebook reads its input from data_path, not a file parameter of its own")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_harness_parameters_come_last(path):
+    """The technique's parameters first; then a comment line; then only the harness's (HARNESS)."""
+    cell = next(c for c in nbformat.read(str(path), as_version=4).cells
+                if "parameters" in c.metadata.get("tags", []))
+    lines = [line.strip() for line in cell.source.splitlines() if line.strip()]
+    split = next((i for i, line in enumerate(lines) if line.startswith("#")), len(lines))
+    after = [line.split("=")[0].strip() for line in lines[split + 1:] if not line.startswith("#")]
+    before = [line.split("=")[0].strip() for line in lines[:split]]
+    assert not set(before) & set(HARNESS), f"harness parameters {sorted(set(before) & set(HARNESS))} come " \
+        "before the comment line that ends the technique's parameters"
+    assert set(after) <= set(HARNESS), f"{sorted(set(after) - set(HARNESS))} come after the harness " \
+        "comment: only the harness's parameters belong there"
 
 
 def test_the_rules_above_can_fail(tmp_path):
     nb = nbformat.v4.new_notebook()
-    cell = nbformat.v4.new_code_cell('processes = 2\nratings_csv = None\nmax_steps = None\n')
+    cell = nbformat.v4.new_code_cell('processes = 2\nratings_csv = None\n# harness\nmax_steps = None\n')
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell]
     path = tmp_path / "99_x.ipynb"
     nbformat.write(nb, str(path))
     with pytest.raises(AssertionError, match="precision"):
         test_shared_parameter_names(path)
-    cell.source += 'precision = "auto"\n'
+    cell.source = cell.source.replace("# harness", 'precision = "auto"\n# harness')
     nbformat.write(nb, str(path))
     with pytest.raises(pytest.fail.Exception, match="ratings_csv"):
         test_shared_parameter_names(path)
+    cell.source = cell.source.replace("ratings_csv", "data_dir")
+    nbformat.write(nb, str(path))
+    with pytest.raises(pytest.fail.Exception, match="data_dir: the gallery calls this 'data_path'"):
+        test_shared_parameter_names(path)
+    cell.source = cell.source.replace("data_dir", "data_path")
+    nbformat.write(nb, str(path))
+    test_shared_parameter_names(path)
+    test_the_harness_parameters_come_last(path)
+    cell.source = cell.source.replace("# harness\n", "") + "# harness\nseed = 0\n"
+    nbformat.write(nb, str(path))
+    with pytest.raises(AssertionError, match="max_steps.* come before the comment line"):
+        test_the_harness_parameters_come_last(path)
     tour = tmp_path / "00_getting_started.ipynb"   # a notebook that trains nothing, with a precision
     nbformat.write(nb, str(tour))
     with pytest.raises(AssertionError, match="trains nothing"):
