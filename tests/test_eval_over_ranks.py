@@ -38,19 +38,24 @@ def _rank(rank: int, world: int, port: int, n: int, batch: int, out: dict) -> No
         rows = _rows(n)
         mine, real = rank_share(rows)
         answers = gather_shares([r["messages"][0]["content"] for r in mine], real, len(rows))
+        from helpers.integrations.sft_eval import evaluate_in_ranks
+
         out[rank] = {"loss": answer_loss(model, tokenizer, rows, batch=batch, over_ranks=True),
-                     "answers": answers, "share": len(mine)}
+                     "answers": answers, "share": len(mine),
+                     "evaluation": evaluate_in_ranks(model, tokenizer, rows)}
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world,n,batch", [(2, 5, 2), (3, 7, 64)])
 def test_the_loss_over_ranks_is_the_one_process_loss(world, n, batch):
+    from helpers.integrations.sft_eval import evaluate_in_ranks
     from helpers.integrations.transformers import answer_loss
     from helpers.launch.local import free_port
 
     model, tokenizer = _model_and_tokenizer()
     expected = answer_loss(model, tokenizer, _rows(n), batch=batch)
+    alone = evaluate_in_ranks(model, tokenizer, _rows(n))   # outside a process group: one share of all rows
     with mp.Manager() as manager:
         out = manager.dict()
         mp.start_processes(_rank, args=(world, free_port(), n, batch, out), nprocs=world,
@@ -61,6 +66,10 @@ def test_the_loss_over_ranks_is_the_one_process_loss(world, n, batch):
         assert r["loss"] == pytest.approx(expected, rel=1e-5)   # padding rows count for nothing
         assert r["answers"] == [row["messages"][0]["content"] for row in _rows(n)]
         assert r["share"] == -(-n // world)   # every rank runs the same number of rows
+        # the ranks' greedy answers, gathered in order, are the one process's; so are exact match and loss
+        assert r["evaluation"]["answers"] == alone["answers"] and len(alone["answers"]) == n
+        assert r["evaluation"]["accuracy"] == alone["accuracy"]
+        assert r["evaluation"]["loss"] == pytest.approx(alone["loss"], rel=1e-5)
 
 
 def test_outside_a_process_group_everything_is_one_share():
@@ -71,6 +80,16 @@ def test_outside_a_process_group_everything_is_one_share():
     assert gather_shares([1, 2, 3], 3, 3) == [1, 2, 3]
     with pytest.raises(ValueError, match="at least one row"):
         rank_share([])
+
+
+def test_exact_match_compares_with_the_reference_answers():
+    from helpers.integrations.sft_eval import answer_budget, exact_match, prompt_texts
+
+    _, tokenizer = _model_and_tokenizer()
+    rows = _rows(4)
+    assert exact_match(["bac", "god", "ume", "x"], rows) == 0.75
+    assert prompt_texts(tokenizer, rows[:1]) == ["<|user|>reverse cab<|assistant|>"]
+    assert answer_budget(tokenizer, rows) == 3 + 2   # the longest answer, the end-of-turn token and one more
 
 
 def test_a_streamed_save_is_a_from_pretrained_folder(tmp_path):

@@ -73,7 +73,7 @@ def generation_inputs(model: Any, encoding: Any) -> dict[str, Any]:
     return {key: value for key, value in encoding.items() if key in named}
 
 
-def _world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -88,7 +88,7 @@ def rank_share(rows: list[Any]) -> tuple[list[Any], int]:
     as the others even when the rows do not split evenly. Outside a process group: all rows."""
     if not rows:
         raise ValueError("an evaluation over the ranks needs at least one row")
-    rank, world = _world()
+    rank, world = rank_and_world()
     mine = rows[rank::world]
     per_rank = -(-len(rows) // world)
     return mine + [rows[0]] * (per_rank - len(mine)), len(mine)
@@ -98,7 +98,7 @@ def gather_shares(values: list[Any], real: int, total: int) -> list[Any]:
     """The values every rank computed for its `rank_share`, back in the rows' order, on every rank."""
     import torch.distributed as dist
 
-    rank, world = _world()
+    rank, world = rank_and_world()
     if world == 1:
         return list(values[:real])
     parts: list[Any] = [None] * world
@@ -121,7 +121,7 @@ def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: i
     import torch
 
     device = device if device is not None else next(model.parameters()).device
-    rank, world = _world() if over_ranks else (0, 1)
+    rank, world = rank_and_world() if over_ranks else (0, 1)
     real = len(rows)
     if world > 1:
         rows, real = rank_share(rows)
@@ -216,3 +216,24 @@ def save_streamed(named_tensors: Any, folder: str, is_main: bool, max_shard_byte
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return files
+
+
+def with_step_losses(trainer_class: Any) -> Any:
+    """`trainer_class` (transformers' Trainer, TRL's SFTTrainer) that keeps this rank's loss of every training
+    step in `trainer.step_losses`: the curve the lessons plot and compare across strategies, where the
+    trainer's own log averages over `logging_steps`. The loss is the one the step back-propagated: with
+    `num_items_in_batch` (the answer tokens of the whole global batch) every rank's loss is a share of the
+    global batch's, so the mean over ranks is the global batch's loss."""
+
+    class StepLossTrainer(trainer_class):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.step_losses: list[float] = []
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.step_losses.append(loss.item())
+            return loss
+
+    StepLossTrainer.__name__ = StepLossTrainer.__qualname__ = f"StepLoss{trainer_class.__name__}"
+    return StepLossTrainer
