@@ -43,3 +43,26 @@ def test_a_path_that_is_neither_file_nor_folder_is_refused_and_leaves_no_marker(
         with shared_paths(output_dir=tmp_path / "out", bad=tmp_path / "fifo"):
             pass
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_the_launch_option_marks_the_paths_and_every_rank_checks_them_first(tmp_path):
+    from helpers import distributed
+    from helpers.launch import LaunchError, SharedPathsChecked
+
+    out = tmp_path / "out"
+
+    @distributed(processes=2, device="cpu", shared={"output_dir": out, "unused": None})
+    def markers():
+        return sorted(p.name.startswith(MARKER_PREFIX) for p in out.iterdir())
+
+    assert markers.distributed() == [[True], [True]]   # marked during the launch, seen by both ranks
+    assert list(out.iterdir()) == []                    # and removed afterwards
+    with pytest.raises(LaunchError, match="shared=.*pass a dict of name -> path"):
+        markers.options(shared=[str(out)]).distributed()
+    with shared_paths(output_dir=out) as marked:
+        for p in out.iterdir():
+            p.unlink()   # what a rank on another node sees: no marker
+        ran = []
+        with pytest.raises(SharedStorageError, match="cannot see the folder output_dir="):
+            SharedPathsChecked(ran.append, marked)(1)
+        assert ran == [], "the function must not run when the check fails"

@@ -42,6 +42,7 @@ from helpers.launch.options import (
     plan_launch,
 )
 from helpers.launch.ray_instance import ray_session
+from helpers.shared_storage import SharedPaths, shared_paths
 
 logs.drop_import_notices()
 cpus.fit_torch_threads()
@@ -100,7 +101,23 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None
     """
     options = options or LaunchOptions()
     backend = local if options.cluster is None else ray_backend
-    return backend.launch(fn, args, kwargs or {}, options)
+    if options.shared is None:
+        return backend.launch(fn, args, kwargs or {}, options)
+    check_options(options)
+    with shared_paths(**options.shared) as marked:
+        return backend.launch(SharedPathsChecked(fn, marked), args, kwargs or {}, options)
+
+
+class SharedPathsChecked:
+    """`fn`, preceded in every rank by the check of the paths the launch marked (the `shared` option)."""
+
+    def __init__(self, fn: Callable[..., Any], marked: SharedPaths):
+        self.fn, self.marked = fn, marked
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.marked.check()
+        return self.fn(*args, **kwargs)
 
 
 def distributed(fn: Callable[P, R] | None = None, **options: Any) -> Any:

@@ -10,7 +10,7 @@ anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -53,6 +53,11 @@ class LaunchOptions:
     # True: the launchers' own logs as they are (torch elastic's agent, Ray's INFO lines), for when a launch
     # fails in a way the short error does not explain. False: only what the ranks print, and the error.
     verbose: bool = False
+    # Paths the ranks read or write, by name ({"output_dir": "/mnt/run", "data_path": ...}; None values
+    # skipped): marked by this process around the launch and checked by every rank before the function runs,
+    # so that on a cluster a path that is not on storage every node reaches fails at once, naming the rank,
+    # its node and the path (helpers.shared_storage). On one machine the check always passes.
+    shared: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,10 @@ def check_options(options: LaunchOptions, target: Target | None = None) -> None:
         raise LaunchError(f"verbose={options.verbose!r}: use True (the launchers' own logs too) or False.")
     if options.python is not None:
         check_interpreter(options.python, target)
+    if options.shared is not None and (not isinstance(options.shared, Mapping)
+                                       or not all(isinstance(k, str) for k in options.shared)):
+        raise LaunchError(f"shared={options.shared!r}: pass a dict of name -> path, such as "
+                          "{'output_dir': output_dir}, or None.")
     if options.start_method not in ("forkserver", "spawn"):
         raise LaunchError(
             f"start_method={options.start_method!r}: use 'forkserver' (fast re-runs) or 'spawn'. "
