@@ -105,8 +105,15 @@ def _module_exists(name: str) -> bool:
     return spec is not None
 
 
-def preload(*modules: str) -> None:
+# torch's optimizers import it when the first one is built (1.2 s a process): every training rank pays it.
+OPTIMIZER_IMPORTS = ("torch._dynamo",)
+
+
+def preload(*modules: str, optimizers: bool = True) -> None:
     """Start the launcher's forkserver now, importing `modules` there once; every rank forks from it.
+
+    `optimizers=True` adds what building a torch optimizer imports (OPTIMIZER_IMPORTS): every training rank
+    needs it, so a training notebook writes only its frameworks (`preload("deepspeed")`, or `preload()`).
 
     A rank that imports transformers, TRL and DeepSpeed itself spends seconds of every launch on it, each
     rank at once. Called in a notebook's import cell, the server imports them on a free core while the
@@ -119,6 +126,7 @@ def preload(*modules: str) -> None:
     ranks forked from a process that has set CUDA up cannot use it. There each rank imports its modules.
     """
     unknown = [m for m in modules if not _module_exists(m)]
+    modules = (*OPTIMIZER_IMPORTS, *modules) if optimizers else modules
     if unknown:   # the forkserver would skip it silently, and every rank would import it itself
         raise ValueError(f"preload: no module named {', '.join(map(repr, unknown))} in this environment; "
                          "check the spelling (a name as in `import name`)")
