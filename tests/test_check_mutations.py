@@ -157,11 +157,15 @@ MUTATIONS = [
              "            scaler.scale(loss * ctx.world_size).backward()",
              r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2)),
     Mutation("01_ddp_mlp", "a rank that skips the all-reduce",
-             "            with torch.autocast(**autocast):\n                loss = loss_fn(model(x), y)\n"
+             "            with torch.autocast(device.type, precision.autocast_dtype, "
+             "enabled=precision.autocast_dtype is not None):\n"
+             "                loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))\n"
              "            scaler.scale(loss).backward()  # DDP all-reduces (averages) the gradients here",
              # no_sync must cover the forward pass: DDP decides there whether the backward all-reduces
-             "            with model.no_sync(), torch.autocast(**autocast):\n"
-             "                loss = loss_fn(model(x), y)\n                scaler.scale(loss).backward()",
+             "            with model.no_sync(), torch.autocast(device.type, precision.autocast_dtype, "
+             "enabled=precision.autocast_dtype is not None):\n"
+             "                loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))\n"
+             "                scaler.scale(loss).backward()",
              r"1 vs 2 processes differ by", dict(epochs=1, max_steps=2), slow=True),
     Mutation("01_ddp_mlp", "no set_epoch: every epoch in the same order",
              "        sampler.set_epoch(epoch)          "
@@ -170,9 +174,9 @@ MUTATIONS = [
              r"two epochs read the data in the same order", dict(epochs=2, max_steps=4, parity_steps=2),
              slow=True),
     Mutation("01_ddp_mlp", "an untrained model logged in place of the trained one",
-             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
-             "    mlflow.pytorch.save_model(MLP(X_train.shape[1], hidden, num_classes), model_uri, "
-             "signature=signature, input_example=examples,",
+             'logged = log_model(model, "01_ddp_mlp", examples=X_test[:8], register_as=register_as)',
+             'logged = log_model(MLP(X_train.shape[1], hidden_size, num_classes), "01_ddp_mlp", '
+             'examples=X_test[:8], register_as=register_as)',
              r"the loaded model does not give the evaluation's answers",
              dict(epochs=1, max_steps=30, parity_steps=2),
              slow=True),

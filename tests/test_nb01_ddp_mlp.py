@@ -14,8 +14,9 @@ pytestmark = pytest.mark.notebook
 
 
 def test_one_process_on_a_user_csv(run_notebook, tmp_path):
-    """One process, reading a user's CSV through data_dir (1,000 rows of the digits, so the split shows it was
-    this file), trained in full: the 1-process path learns as the 2-process default does."""
+    """One process, reading a user's CSV through data_path, given as the file itself (1,000 rows of the
+    digits, so the split shows it was this file), trained in full: the 1-process path learns as the 2-process
+    default does."""
     import pandas as pd
     from sklearn.datasets import load_digits
 
@@ -25,7 +26,7 @@ def test_one_process_on_a_user_csv(run_notebook, tmp_path):
     good = tmp_path / "good"
     good.mkdir()
     frame.head(1000).to_csv(good / "digits.csv", index=False)
-    nb, metrics = run_notebook("01_ddp_mlp", processes=1, data_dir=str(good))
+    nb, metrics = run_notebook("01_ddp_mlp", processes=1, data_path=str(good / "digits.csv"))
     out = stream_text(nb)
     assert "train (800, 64), test (200, 64), 10 classes" in out
     assert metrics["processes"] == 1
@@ -44,7 +45,7 @@ def test_broken_training_fails_the_notebook(run_notebook):
 
 def test_bad_input_is_refused_before_launch(refusals, tmp_path):
     """A folder without digits.csv, and a step cap of 0: each fails with a message naming the fix."""
-    missing, zero = refusals("01_ddp_mlp", {"data_dir": str(tmp_path / "empty")}, {"max_steps": 0})
+    missing, zero = refusals("01_ddp_mlp", {"data_path": str(tmp_path / "empty")}, {"max_steps": 0})
     assert "has no digits.csv" in missing.error
     assert "max_steps=0: set a whole number of steps" in zero.error
     assert "[rank" not in missing.output + zero.output   # nothing was launched
