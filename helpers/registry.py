@@ -106,18 +106,21 @@ def _signature(model: Any, flavor: str, examples: Any, outputs: Any) -> Any:
 def log_model(model: Any, notebook: str, *, examples: Any = None, outputs: Any = None,
               register_as: str | None = None, flavor: str = "pytorch", run_id: str | None = None,
               run_name: str | None = None, tracking_uri: str | None = None, requirements: Sequence[str] = (),
-              tags: dict[str, str] | None = None, **options: Any) -> LoggedModel:
+              tags: dict[str, str] | None = None, signature: Any = None, **options: Any) -> LoggedModel:
     """Log `model` to MLflow (a run of experiment `notebook`, or `run_id`), register it, and say where it is.
 
     `model`: a torch module (flavor "pytorch"); a transformers components dict or a saved folder (flavor
     "transformers", with `task=...` and other `mlflow.transformers` options); or a folder logged as it is
     (flavor "files", e.g. a LoRA adapter of a base model the store does not hold). `examples` (and `outputs`,
-    computed for a torch model when not given) become the signature and input example. Call
-    `tracking.check_register_as(register_as)` before training, so that a bad name fails early.
+    computed for a torch model when not given) become the signature and input example; `signature`, given,
+    is used as it is instead (an input-only one for a model whose output no signature describes, such as a
+    detector's list of dicts of any number of boxes). Call `tracking.check_register_as(register_as)` before
+    training, so that a bad name fails early.
     """
     module = _flavor_module(flavor) if flavor != "files" else None
     with _quiet():
-        signature = _signature(model, flavor, examples, outputs) if module is not None else None
+        if signature is None and module is not None:
+            signature = _signature(model, flavor, examples, outputs)
         save_options = {} if module is None else dict(
             options, signature=signature, input_example=examples,
             pip_requirements=requirements_of(flavor, requirements))

@@ -108,13 +108,20 @@ MUTATIONS = [
              r"this kernel holds model weights \(\['base_model'\]\) although model_name is given",
              dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["dataset_path"],
                   processes=2, n_test=16, batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
-    Mutation("02_ddp_retinanet", "the checkpoint folder on a disk the ranks' node does not see",
-             "    results = train.distributed(cfg, splits, num_classes, shared)\n",
-             "    os.remove(shared.paths[-1].marker)   # a rank on a node without checkpoint_dir"
-             "\n"
-             "    results = train.distributed(cfg, splits, num_classes, shared)\n",
-             r"cannot see the folder checkpoint_dir=.*storage every node reaches",
-             dict(train_images=16, val_images=8, epochs=1, max_steps=2, parity_steps=1), slow=True),
+    Mutation("02_ddp_retinanet", "the output folder on a disk the ranks' node does not see",
+             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)\n",
+             # the launch marks the shared paths; a rank on a node without output_dir does not see its marker
+             "import contextlib, os, helpers.launch\n"
+             "marking = helpers.launch.shared_paths\n"
+             "@contextlib.contextmanager\n"
+             "def unseen_output_dir(**paths):\n"
+             "    with marking(**paths) as marked:\n"
+             "        [os.remove(p.marker) for p in marked.paths if p.name == 'output_dir']\n"
+             "        yield marked\n"
+             "helpers.launch.shared_paths = unseen_output_dir\n"
+             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)\n",
+             r"cannot see the folder output_dir=.*storage every node reaches",
+             dict(n_train=16, n_val=8, epochs=1, max_steps=2, parity_steps=1), slow=True),
     Mutation("04_fsdp_transformer", "the checkpoint folder on a disk the ranks' node does not see",
              '    results = train.distributed(cfg, shared, str(corpus.train_path), str(corpus.val_path), '
              'str(run_root / "main"))\n',
@@ -205,9 +212,9 @@ MUTATIONS = [
              r"measured per-rank model state differs from helpers.memory_plan's plan",
              _NB04_SMALL, slow=True),
     Mutation("02_ddp_retinanet", "an untrained model logged in place of the trained one",
-             "    mlflow.pytorch.save_model(model, model_uri, **stored)",
-             "    mlflow.pytorch.save_model(build_retinanet(backbone, saved[\"num_classes\"], image_size, "
-             "fpn_channels, anchor_size, anchor_ratios), model_uri, **stored)",
+             'logged = log_model(model, "02_ddp_retinanet", examples=examples, register_as=register_as,',
+             'logged = log_model(build_retinanet(coco.num_classes, **cfg), "02_ddp_retinanet", '
+             'examples=examples, register_as=register_as,',
              r"the loaded model does not give the evaluation's detections",
              dict(epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("10_fast_and_elastic", "an untrained model logged in place of the trained one",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.data.coco_shapes import CATEGORIES, build_coco_shapes, check_coco_detection
+from helpers.data.coco_shapes import CATEGORIES, build_coco_shapes, check_coco_detection, read_coco_folder
 
 SMALL = dict(n_train=12, n_val=6, seed=3)
 
@@ -95,7 +95,7 @@ def _copy(built, tmp_path) -> tuple[Path, Path, dict]:
 
 
 def test_missing_annotations_file(tmp_path, built):
-    with pytest.raises(FileNotFoundError, match="annotations_json=.*does not exist.*COCO instances JSON"):
+    with pytest.raises(FileNotFoundError, match="nope.json' does not exist.*its instances JSON"):
         check_coco_detection(built.val_images, tmp_path / "nope.json")
 
 
@@ -151,3 +151,44 @@ def test_coco_sized_jpegs(tmp_path):
     assert check_coco_detection(shapes.train_images, shapes.train_annotations)["images"] == 3
     with pytest.raises(ValueError, match="image_format='tiff'"):
         build_coco_shapes(tmp_path / "bad", image_format="tiff")
+
+
+def test_written_as_coco_2017_lays_it_out_and_read_back(built):
+    """The layout COCO 2017 ships in; read_coco_folder finds both splits in it and checks them."""
+    root = built.root
+    annotations = root / "annotations"
+    assert built.train_images == root / "train2017" and built.val_images == root / "val2017"
+    assert built.train_annotations == annotations / "instances_train2017.json"
+    assert built.val_annotations == annotations / "instances_val2017.json"
+    coco = read_coco_folder(str(root))
+    assert coco.splits == {"train": (built.train_images, built.train_annotations),
+                           "val": (built.val_images, built.val_annotations)}
+    assert coco.categories == built.categories and coco.num_classes == len(CATEGORIES) + 1
+    assert coco.describe().splitlines()[:2] == [
+        f"train: {SMALL['n_train']} images, {coco.summaries['train']['annotations']} boxes",
+        f"val: {SMALL['n_val']} images, {coco.summaries['val']['annotations']} boxes"]
+
+
+def test_a_folder_not_laid_out_as_coco_is_refused(tmp_path, built):
+    import shutil
+
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        read_coco_folder(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"instances_train\*.json .* annotations/ holds no folder"):
+        read_coco_folder(tmp_path)
+    root = tmp_path / "coco2014"   # another year's names work as long as folder and JSON agree
+    shutil.copytree(built.root, root)
+    for split in ("train", "val"):
+        (root / f"{split}2017").rename(root / f"{split}2014")
+        (root / "annotations" / f"instances_{split}2017.json").rename(
+            root / "annotations" / f"instances_{split}2014.json")
+    assert read_coco_folder(root).splits["val"][0] == root / "val2014"
+    (root / "val2014").rename(root / "val")   # the JSON's folder is missing
+    with pytest.raises(FileNotFoundError, match="val2014' is not a folder"):
+        read_coco_folder(root)
+    (root / "val").rename(root / "val2014")
+    coco = json.loads((root / "annotations" / "instances_val2014.json").read_text())
+    coco["categories"][0]["name"] = "disc"
+    (root / "annotations" / "instances_val2014.json").write_text(json.dumps(coco))
+    with pytest.raises(ValueError, match="list different categories"):
+        read_coco_folder(root)

@@ -128,7 +128,7 @@ def test_a_drifted_command_is_caught():
 def _coco(tmp: Path) -> dict[str, Any]:
     from helpers.data.coco_shapes import build_coco_shapes
 
-    # COCO's own image shape and format; objects sized like COCO's medium ones
+    # COCO's own layout, image shape and format; objects sized like COCO's medium ones
     coco = build_coco_shapes(tmp / "coco", n_train=4, n_val=2, image_size=640, image_height=480,
                              image_format="jpg", min_size=40, max_size=160)
     weights = tmp / "resnet50.pth"
@@ -136,9 +136,7 @@ def _coco(tmp: Path) -> dict[str, Any]:
     import torchvision
 
     torch.save(torchvision.models.resnet50().state_dict(), weights)   # torchvision's checkpoint layout
-    return dict(images_dir=str(coco.train_images), annotations_json=str(coco.train_annotations),
-                val_images_dir=str(coco.val_images), val_annotations_json=str(coco.val_annotations),
-                weights_path=str(weights), checkpoint_dir=str(tmp / "ckpt"))
+    return dict(data_path=str(coco.root), weights_path=str(weights), output_dir=str(tmp / "ckpt"))
 
 
 def _movielens(tmp: Path) -> dict[str, Any]:
@@ -254,7 +252,7 @@ def test_02_scale_up_resnet50_on_coco_sized_jpegs(run_notebook, tmp_path):
     assert "[rank0] rank 0/2 on cpu: 2 training images, 1 validation images" in out
     params = record_metadata(nb)["params"]
     assert params["backbone"] == "resnet50_fpn_v2" and params["num_workers"] == 8
-    assert list(Path(params["checkpoint_dir"]).glob("retinanet_resnet50_fpn_v2_best.pt"))
+    assert list(Path(params["output_dir"]).glob("retinanet_resnet50_fpn_v2_best.pt"))
     assert "Not compared with the reference run" in display_text(nb)
 
 

@@ -2,9 +2,10 @@
 
 Notebook 02 trains torchvision's RetinaNet with the loading code one uses for COCO itself
 (`torchvision.datasets.CocoDetection` + `wrap_dataset_for_transforms_v2`). Nothing can be downloaded here,
-so this module writes a small data set in exactly that format, an image folder per split plus a COCO
-`instances_<split>.json`, that the same code reads unchanged. Pointing the notebook at COCO, or at any
-COCO-format export (CVAT, Label Studio, Roboflow...), is then a matter of two paths.
+so this module writes a small data set in exactly that format and layout, the one COCO 2017 ships in
+(`train2017/`, `val2017/`, `annotations/instances_{train,val}2017.json`), that the same code reads
+unchanged. Pointing the notebook at COCO, or at any COCO-format export laid out the same way (CVAT, Label
+Studio, Roboflow...), is then a matter of one path: `read_coco_folder` finds the splits in it.
 
 Why it looks the way it does:
 
@@ -15,8 +16,8 @@ Why it looks the way it does:
 * deterministic from a seed, down to the bytes, so stored notebook outputs can be compared on re-execution;
 * a manifest with the build arguments, so a second build with the same arguments costs nothing.
 
-`check_coco_detection` validates any COCO-format data set on the driver before a launch, so a missing file or
-a degenerate box fails in seconds with a message that says what to fix, not minutes later on some rank.
+`check_coco_detection` validates any COCO-format split in the kernel before a launch, so a missing file or a
+degenerate box fails in seconds with a message that says what to fix, not minutes later on some rank.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ CATEGORIES: tuple[tuple[str, tuple[int, int, int]], ...] = (
     ("cross", (235, 200, 30)),
 )
 
-_FORMAT_VERSION = 1  # bump when the drawing changes, so old caches are rebuilt
+_FORMAT_VERSION = 2  # bump when the drawing or the layout changes, so old caches are rebuilt
+SPLITS = ("train", "val")
+SPLIT_YEAR = "2017"  # COCO 2017's names: train2017/, annotations/instances_train2017.json
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,8 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
                       seed: int = 0) -> CocoShapes:
     """Write (or reuse) the shapes data set under `root` and say where its parts are.
 
-    Layout, the one COCO uses: `train/`, `val/` image folders and `annotations/instances_{train,val}.json`.
+    Layout, the one COCO 2017 uses: `train2017/`, `val2017/` image folders and
+    `annotations/instances_{train,val}2017.json` (`read_coco_folder(root)` reads it back).
     Boxes are `[x, y, width, height]` in pixels, the exact extent of the drawn shape; category ids start at 1.
     `max_overlap` is the largest share of the smaller of two objects' boxes that they may have in common, so
     objects overlap but are never hidden. `image_size` is the width, `image_height` the height (None: square;
@@ -189,8 +193,10 @@ def build_coco_shapes(root: str | Path | None = None, *, n_train: int = 320, n_v
                                                           if image_format != "png" else f"seed{seed}-{shape}")
     result = CocoShapes(
         root=root,
-        train_images=root / "train", train_annotations=root / "annotations" / "instances_train.json",
-        val_images=root / "val", val_annotations=root / "annotations" / "instances_val.json",
+        train_images=root / f"train{SPLIT_YEAR}",
+        train_annotations=root / "annotations" / f"instances_train{SPLIT_YEAR}.json",
+        val_images=root / f"val{SPLIT_YEAR}",
+        val_annotations=root / "annotations" / f"instances_val{SPLIT_YEAR}.json",
         categories={i + 1: name for i, (name, _) in enumerate(CATEGORIES)},
     )
     # One generator per split, so the validation set does not change when n_train does.
@@ -222,12 +228,11 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
     images_dir, annotations_json = Path(images_dir), Path(annotations_json)
     if not annotations_json.is_file():
         raise FileNotFoundError(
-            f"annotations_json={str(annotations_json)!r} does not exist: point it at a COCO instances JSON "
-            f"(such as annotations/instances_val2017.json), or set images_dir and annotations_json to None "
-            f"to use the built-in shapes data set.")
+            f"{str(annotations_json)!r} does not exist: a COCO-format split needs its instances JSON "
+            f"(such as annotations/instances_val2017.json).")
     if not images_dir.is_dir():
         raise FileNotFoundError(
-            f"images_dir={str(images_dir)!r} is not a folder: point it at the folder holding the images "
+            f"{str(images_dir)!r} is not a folder: a COCO-format split needs the folder holding the images "
             f"that {annotations_json.name} lists (their `file_name` is relative to it).")
     try:
         coco = json.loads(annotations_json.read_text())
@@ -278,3 +283,58 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
                 f"{image['file_name']!r}: clip it to the image or fix the export.")
     return {"images": len(images), "annotations": len(coco["annotations"]),
             "categories": {c["id"]: c["name"] for c in coco["categories"]}}
+
+
+
+@dataclass(frozen=True)
+class CocoFolder:
+    """A COCO-layout folder's training and validation splits, checked, and the categories they share."""
+
+    root: Path
+    splits: dict[str, tuple[Path, Path]]   # "train" / "val" -> (image folder, instances JSON)
+    categories: dict[int, str]             # category id -> name
+    summaries: dict[str, dict[str, Any]]   # "train" / "val" -> check_coco_detection's summary
+
+    @property
+    def num_classes(self) -> int:
+        """The classifier's width in torchvision's detectors: logits are indexed by category id (0 unused)."""
+        return max(self.categories) + 1
+
+    def describe(self) -> str:
+        """A few lines for the notebook: images and boxes per split, the categories."""
+        lines = [f"{name}: {s['images']} images, {s['annotations']} boxes"
+                 for name, s in self.summaries.items()]
+        return "\n".join([*lines, f"categories: {self.categories}"])
+
+
+def _split_of(root: Path, split: str) -> tuple[Path, Path]:
+    """`annotations/instances_<split>*.json` and the image folder of the same name (`<split>2017/`)."""
+    annotations = root / "annotations"
+    found = sorted(annotations.glob(f"instances_{split}*.json"))
+    if len(found) != 1:
+        listed = sorted(p.name for p in annotations.glob("*.json")) if annotations.is_dir() else "no folder"
+        raise FileNotFoundError(
+            f"data_path={str(root)!r} should be laid out as COCO is, with one "
+            f"annotations/instances_{split}*.json (such as instances_{split}{SPLIT_YEAR}.json) beside its "
+            f"image folder ({split}{SPLIT_YEAR}/); "
+            f"annotations/ holds {listed}. Or set data_path=None to use the built-in shapes data set.")
+    return root / found[0].stem.removeprefix("instances_"), found[0]
+
+
+def read_coco_folder(data_path: str | Path) -> CocoFolder:
+    """The training and validation splits of a folder laid out as COCO 2017 ships (and `build_coco_shapes`
+    writes): `annotations/instances_train2017.json` with `train2017/`, `annotations/instances_val2017.json`
+    with `val2017/`; any suffix after the split's name (2014, say) as long as the image folder has the same
+    name. Each split is checked with `check_coco_detection`; both must list the same categories.
+    """
+    root = Path(data_path)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"data_path={str(data_path)!r} is not a folder: point it at a COCO-layout folder (annotations/, "
+            f"train{SPLIT_YEAR}/, val{SPLIT_YEAR}/), or set data_path=None for the built-in shapes data set.")
+    splits = {split: _split_of(root, split) for split in SPLITS}
+    summaries = {split: check_coco_detection(*paths) for split, paths in splits.items()}
+    if summaries["train"]["categories"] != summaries["val"]["categories"]:
+        raise ValueError(f"{splits['train'][1].name} and {splits['val'][1].name} list different categories: "
+                         "export both splits together.")
+    return CocoFolder(root, splits, summaries["train"]["categories"], summaries)

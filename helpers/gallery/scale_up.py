@@ -30,12 +30,8 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
     ScaleUp("02_ddp_retinanet", "on 8 GPUs, COCO 2017", {
         "backbone": "resnet50_fpn_v2", "fpn_channels": 256, "anchor_size": 32,
         "anchor_ratios": [0.5, 1.0, 2.0], "image_size": 800, "batch_size": 64, "lr": 0.0005, "epochs": 26,
-        "warmup_steps": 1000,
-        "images_dir": "/data/coco/train2017",
-        "annotations_json": "/data/coco/annotations/instances_train2017.json",
-        "val_images_dir": "/data/coco/val2017",
-        "val_annotations_json": "/data/coco/annotations/instances_val2017.json",
-        "weights_path": "/models/resnet50-11ad3fa6.pth", "num_workers": 8}),
+        "warmup_steps": 1000, "data_path": "/data/coco", "weights_path": "/models/resnet50-11ad3fa6.pth",
+        "num_workers": 8}),
     ScaleUp("03_lightning_two_tower_mds", "on 8 GPUs, MovieLens 25M", {
         "data_dir": "/data/ml-25m", "batch_size": 8192, "embed_dim": 128, "lr": 0.002, "epochs": 5,
         "shard_size": "64mb", "eval_users": 10000, "tracking_uri": "http://mlflow.example:5000",
