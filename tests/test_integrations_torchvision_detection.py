@@ -55,7 +55,8 @@ def test_each_rank_scores_its_share_unpadded(shapes, monkeypatch, rank):
 
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = detection.evaluation_loader(shapes.val_images, shapes.val_annotations, v2.ToImage(), batch_size=2)
+    loader = detection.evaluation_loader(shapes.val_images, shapes.val_annotations, v2.ToImage(),
+                                         batch_size=2)
     assert list(loader.dataset.indices) == [[0, 2, 4], [1, 3]][rank]
     assert sum(len(images) for images, _ in loader) == [3, 2][rank]
 
@@ -101,7 +102,8 @@ def test_the_builders_own_settings_and_a_backbone_checkpoint(tmp_path):
     head = RetinaNetHead(16, 9, 3, norm_layer=lambda c: torch.nn.GroupNorm(4, c))
     detection.use_giou_loss(head)
     stock = torchvision.models.detection.retinanet_resnet50_fpn_v2(weights=None, weights_backbone=None)
-    assert vars(head.regression_head)["_loss_type"] == vars(stock.head.regression_head)["_loss_type"] == "giou"
+    loss_type = vars(stock.head.regression_head)["_loss_type"]
+    assert vars(head.regression_head)["_loss_type"] == loss_type == "giou"
 
     net = torchvision.models.resnet18()
     path = tmp_path / "resnet18.pth"
