@@ -33,6 +33,7 @@ from helpers import tracking
 from helpers.logs import quieted
 
 FLAVORS = ("pytorch", "transformers", "files")
+INPUTS_ONLY = "inputs"   # log_model(signature=...): a signature of the inputs alone
 # MLflow's INFO lines about its store, and mlflow.transformers' notes about a model card or license it cannot
 # fetch offline, are about MLflow, not the lesson.
 QUIET = ("mlflow", "alembic", "mlflow.transformers", "mlflow.models.model", "mlflow.store")
@@ -112,14 +113,18 @@ def log_model(model: Any, notebook: str, *, examples: Any = None, outputs: Any =
     `model`: a torch module (flavor "pytorch"); a transformers components dict or a saved folder (flavor
     "transformers", with `task=...` and other `mlflow.transformers` options); or a folder logged as it is
     (flavor "files", e.g. a LoRA adapter of a base model the store does not hold). `examples` (and `outputs`,
-    computed for a torch model when not given) become the signature and input example; `signature`, given,
-    is used as it is instead (an input-only one for a model whose output no signature describes, such as a
-    detector's list of dicts of any number of boxes). Call `tracking.check_register_as(register_as)` before
-    training, so that a bad name fails early.
+    computed for a torch model when not given) become the signature and input example. `signature`, given,
+    replaces that signature: an MLflow `ModelSignature` as it is, or "inputs" for one of `examples` alone (a
+    model whose output no signature describes, such as a detector's list of dicts of any number of boxes).
+    Call `tracking.check_register_as(register_as)` before training, so that a bad name fails early.
     """
     module = _flavor_module(flavor) if flavor != "files" else None
     with _quiet():
-        if signature is None and module is not None:
+        if signature == INPUTS_ONLY and module is not None:
+            from mlflow.models import infer_signature
+
+            signature = infer_signature(examples)
+        elif signature is None and module is not None:
             signature = _signature(model, flavor, examples, outputs)
         save_options = {} if module is None else dict(
             options, signature=signature, input_example=examples,

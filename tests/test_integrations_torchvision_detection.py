@@ -152,9 +152,9 @@ class Detector(torch.nn.Module):
 
 
 def test_an_input_only_signature_for_a_detector(tmp_path, monkeypatch):
-    """registry.log_model's `signature`: given, it is used as it is (an output a signature cannot describe
-    would fail the inference log_model makes otherwise)."""
-    from mlflow.models import infer_signature
+    """registry.log_model's `signature`: "inputs" describes the examples alone, a signature given is used as
+    it is (an output a signature cannot describe fails the inference log_model makes otherwise)."""
+    from mlflow.models import Model, infer_signature
 
     from helpers.registry import log_model
 
@@ -162,11 +162,13 @@ def test_an_input_only_signature_for_a_detector(tmp_path, monkeypatch):
     examples = np.random.default_rng(0).random((2, 3, 4, 4), dtype=np.float32)
     with pytest.raises(AttributeError):
         log_model(Detector(), "99_test", examples=examples)
-    logged = log_model(Detector(), "99_test", examples=examples, signature=infer_signature(examples),
+    logged = log_model(Detector(), "99_test", examples=examples, signature="inputs",
                        serialization_format="pickle")
-    from mlflow.models import Model
-
     saved = Model.load(logged.uri)
     assert saved.signature.inputs is not None and saved.signature.outputs is None
+    given = infer_signature(examples[:, 0])
+    again = log_model(Detector(), "99_test", examples=examples[:, 0], signature=given,
+                      serialization_format="pickle")
+    assert Model.load(again.uri).signature == given
     answer = logged.load()([torch.from_numpy(examples[0])])
     assert answer[0]["scores"].item() == pytest.approx(float(examples[0].mean()))
