@@ -109,7 +109,7 @@ MUTATIONS = [
              dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["dataset_path"],
                   processes=2, n_test=16, batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
     Mutation("02_ddp_retinanet", "the output folder on a disk the ranks' node does not see",
-             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)\n",
+             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)",
              # the launch marks the shared paths; a rank on a node without output_dir does not see its marker
              "import contextlib, os, helpers.launch\n"
              "marking = helpers.launch.shared_paths\n"
@@ -119,7 +119,7 @@ MUTATIONS = [
              "        [os.remove(p.marker) for p in marked.paths if p.name == 'output_dir']\n"
              "        yield marked\n"
              "helpers.launch.shared_paths = unseen_output_dir\n"
-             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)\n",
+             "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)",
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=16, n_val=8, epochs=1, max_steps=2, parity_steps=1), slow=True),
     Mutation("04_fsdp_transformer", "the checkpoint folder on a disk the ranks' node does not see",
