@@ -181,7 +181,7 @@ def test_shards_read_back_with_streaming(tmp_path):
 def _kill_a_reader(tmp_path, folder: str) -> set[str]:
     """Run a StreamingDataset on `folder` and kill it hard, with its resource tracker (as when a job's process
     group is killed); returns the /dev/shm segments it left behind."""
-    from helpers.data.streaming_cleanup import streaming_segments
+    from helpers.integrations.streaming import streaming_segments
 
     write_mds(_samples(64), tmp_path / folder, COLUMNS, size_limit=1024)
     before = set(streaming_segments())
@@ -203,7 +203,7 @@ def _kill_a_reader(tmp_path, folder: str) -> set[str]:
 
 def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
     """A hard-killed reader's /dev/shm segments would break the next run; Streaming's own cleanup removes them
-    (and everyone else's: notebook 03 uses helpers.data.streaming_cleanup, tested below)."""
+    (and everyone else's: notebook 03 uses helpers.integrations.streaming, tested below)."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this system")
     leaked = _kill_a_reader(tmp_path, "mds")
@@ -213,11 +213,11 @@ def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
 
 
 def test_leftovers_are_cleaned_and_a_live_run_keeps_its_segments(tmp_path):
-    """Notebook 03's cleanup (helpers.data.streaming_cleanup) removes what a killed reader left and leaves the
+    """Notebook 03's cleanup (helpers.integrations.streaming) removes what a killed reader left and leaves the
     segments of a reader still running alone: Streaming's clean_stale_shared_memory() unlinks those too."""
     if not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"):
         pytest.skip("no /dev/shm or /proc on this system")
-    from helpers.data.streaming_cleanup import clean_streaming_leftovers, streaming_segments
+    from helpers.integrations.streaming import clean_streaming_leftovers, streaming_segments
 
     leaked = _kill_a_reader(tmp_path, "crashed")
     before = set(streaming_segments()) - leaked
