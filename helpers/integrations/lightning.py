@@ -164,9 +164,10 @@ def fit_record(metrics: Sequence[str], sample_key: str | None = None) -> Any:
 
             on_gpu = torch.cuda.is_available() and trainer.strategy.root_device.type == "cuda"
             samples = torch.cat(self.samples).numpy() if self.samples else np.array([], dtype=np.int64)
+            environment = getattr(trainer.strategy, "cluster_environment", None)   # None: one process
             return {"history": self.rows, "samples": samples, "seconds": self.seconds,
                     "steps": trainer.global_step, "strategy": type(trainer.strategy).__name__,
-                    "environment": type(trainer.strategy.cluster_environment).__name__,
+                    "environment": environment and type(environment).__name__,
                     "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None}
 
     return FitRecord()

@@ -96,14 +96,14 @@ def streaming_leftovers(root: Path = SHM) -> list[str]:
 
 
 @contextlib.contextmanager
-def streaming_run_folder(prefix: str = "streaming-") -> Iterator[str]:
+def streaming_run_folder(prefix: str = "streaming-", root: Path = SHM) -> Iterator[str]:
     """In the kernel, around a launch of ranks that use Streaming: first remove the segments that crashed
     Streaming runs left in /dev/shm (`clean_streaming_leftovers`: never a live run's; they would make the
     next `StreamingDataset` fail), saying how many when there were some; then yield a fresh folder for the
     run's file locks (pass it to `streaming_rank` in the ranks), removed afterwards."""
-    removed = clean_streaming_leftovers()
+    removed = clean_streaming_leftovers(root)
     if removed:
-        print(f"removed {len(removed)} Streaming segments that crashed runs left in {SHM}")
+        print(f"removed {len(removed)} Streaming segments that crashed runs left in {root}")
     folder = tempfile.mkdtemp(prefix=prefix)
     try:
         yield folder
@@ -121,6 +121,7 @@ def streaming_rank(lock_folder: str, *, on_cluster: bool = False) -> Iterator[Pa
     Streaming (a barrier), each rank releases its shared memory (`release_streaming_memory`) and the first
     rank of each machine removes the machine's folder. After an exception nothing waits at the barrier.
     """
+    before = tempfile.tempdir
     folder = Path(tempfile.gettempdir()) / Path(lock_folder).name if on_cluster else Path(lock_folder)
     folder.mkdir(exist_ok=True)
     tempfile.tempdir = str(folder)
@@ -133,6 +134,7 @@ def streaming_rank(lock_folder: str, *, on_cluster: bool = False) -> Iterator[Pa
         release_streaming_memory()
         if os.environ.get("LOCAL_RANK", "0") == "0":
             shutil.rmtree(folder, ignore_errors=True)
+        tempfile.tempdir = before   # the folder is gone (a Ray worker may run another task)
 
 
 def _barrier() -> None:
@@ -157,7 +159,9 @@ def release_streaming_memory() -> int:
 
     from streaming.base.shared.memory import SharedMemory
 
-    segments = [o for o in gc.get_objects() if isinstance(o, SharedMemory)]
+    with warnings.catch_warnings():   # isinstance reads __class__: deprecated torch aliases warn when asked
+        warnings.simplefilter("ignore")
+        segments = [o for o in gc.get_objects() if isinstance(o, SharedMemory)]
     for shm in segments:
         shm.cleanup()
     return len(segments)

@@ -37,6 +37,7 @@ STREAMING_TESTS = (
     "tests/test_nb03_lightning_two_tower_mds.py::",
     "tests/test_scale_up.py::test_03_",
     "tests/test_data_movielens.py::",
+    "tests/test_integrations_streaming.py::",
     "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_",
 )
 
