@@ -21,6 +21,7 @@ import pytest
 from helpers.data.movielens import write_mds
 from helpers.integrations.streaming import (
     partition,
+    stop_streaming_threads,
     streaming_leftovers,
     streaming_rank,
     streaming_run_folder,
@@ -88,6 +89,10 @@ def test_on_a_cluster_each_machine_has_its_own_folder_removed_at_the_end(tmp_pat
     with pytest.raises(ValueError), streaming_rank("/kernel/only/nb03-def", on_cluster=True) as folder:
         raise ValueError("training failed")
     assert folder.exists(), "after an exception nothing waits at the barrier, nothing is removed"
+
+
+def test_a_teardown_after_a_failed_setup_has_no_threads_to_stop():
+    stop_streaming_threads(None)   # MDSRatings.teardown when its StreamingDataset was never made
 
 
 def test_threads_of_an_epoch_cut_short_are_stopped_and_memory_released(tmp_path):

@@ -173,7 +173,8 @@ def stop_streaming_threads(dataset: Any) -> None:
     An epoch cut short (a step cap: `limit_train_batches`) leaves Streaming's download threads walking the
     rest of its sample ids. The next epoch's `iter()` stops them; after the last epoch nothing does, and they
     outlive the dataset's shared memory ("Invalid shard state: 0" once the rank exits). Streaming 0.13 has
-    no public call for this: this stops them as its own `__iter__` does. Safe on a dataset never iterated.
+    no public call for this: this stops them as its own `__iter__` does. Safe on a dataset never iterated, and
+    on None (a teardown after a setup that failed).
     """
     iterator = getattr(dataset, "_iterator", None)
     if iterator is not None:
