@@ -45,7 +45,9 @@ API_MODULES = {
     "helpers.reference": "A notebook's results against its reference runs",
     "helpers.integrations.transformers": "transformers and TRL: progress, evaluation over the ranks, saving",
     "helpers.integrations.sft_eval": "The fine-tuning lessons' held-out evaluation, in the ranks",
-    "helpers.integrations.lightning": "Lightning: progress bars from rank 0",
+    "helpers.integrations.lightning": "Lightning: progress bars from rank 0, the fit record, quiet logs",
+    "helpers.integrations.streaming": "MosaicML Streaming in the ranks: shared memory, locks, clean-up",
+    "helpers.retrieval_metrics": "Recall, NDCG and hit rate of a recommender, over the ranks",
     "helpers.data": "The offline data sets",
 }
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
