@@ -436,6 +436,14 @@ def test_the_newest_result_of_each_notebook_is_published():
     assert "| 03_x | failed" in gpu_check.published_page([newer, older]), "the later report must win"
 
 
+def test_a_skip_is_published_with_the_reason_the_check_gives_now():
+    old = _report("a", [{"notebook": "06_ray_train_resnet", "status": "skipped",
+                         "notes": "skipped: an explanation the code no longer gives (missing: ray)"}])
+    page = gpu_check.published_page([old])
+    reason = next(c.uncarried_reason for c in gpu_check.CHECKS if c.name == "06_ray_train_resnet")
+    assert f"skipped: {reason} (missing: ray)" in page and "no longer gives" not in page
+
+
 def test_a_cpu_report_or_none_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     page = tmp_path / "gpu-check.md"
     page.write_text("kept\n")
