@@ -35,7 +35,8 @@ class RankProfiler:
     """`torch.profiler` on one rank, writing `trace_dir/rank<N>.json`: one step skipped, one of warm-up, then
     `active` steps recorded. With `trace_dir=None` it records nothing and its labels cost nothing."""
 
-    def __init__(self, trace_dir: str | os.PathLike | None, active: int, device: Any, rank: int | None = None):
+    def __init__(self, trace_dir: str | os.PathLike | None, active: int, device: Any,
+                 rank: int | None = None):
         self.trace: str | None = None
         self._profile: Any = None
         if trace_dir is None:
@@ -78,7 +79,8 @@ class RankProfiler:
 
 
 class AllreduceCounter:
-    """DDP's own all-reduce (`allreduce_hook`) as a communication hook that counts its calls and bytes.
+    """DDP's own all-reduce (`allreduce_hook`) as a communication hook that counts its calls and bytes (a
+    model that is not DDP counts nothing).
 
     DDP all-reduces its gradient buckets (25 MB each by default, the first 1 MB); under `no_sync()` it keeps
     the gradients local and all-reduces nothing. `end_step()` closes a step's count; `last_step()` is the
@@ -87,11 +89,14 @@ class AllreduceCounter:
 
     def __init__(self, ddp_model: Any):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
 
         self.calls = self.bytes = 0
         self.steps: list[dict[str, int]] = []
+        if not isinstance(ddp_model, DistributedDataParallel):   # FSDP: nothing of DDP's to count
+            return
 
-        def counting_allreduce(state: Any, bucket: Any) -> Any:
+        def counting_allreduce(state, bucket):   # no annotations: DDP checks them against its own types
             self.calls += 1
             self.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
             return allreduce_hook(state, bucket)
@@ -161,3 +166,30 @@ def shown(path: str | os.PathLike) -> str:
     path = Path(path)
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
+
+
+def check_profiling(profile_steps: Any, straggler_ms: Any, device: str) -> None:
+    """The profiled run's settings, before any launch: whole steps to record, and a straggler's delay. On a
+    CPU-only run, also quiets the profiler (`quiet_profiler_on_cpu`) for the ranks launched after."""
+    from helpers.settings import check_whole
+
+    check_whole("profile_steps", profile_steps)
+    if isinstance(straggler_ms, bool) or not isinstance(straggler_ms, (int, float)) or straggler_ms < 0:
+        raise ValueError(f"straggler_ms={straggler_ms!r} must be a number of milliseconds >= 0 (0: no "
+                         "straggler).")
+    quiet_profiler_on_cpu(device)
+
+
+def plot_phases(by_rank: Any, title: str, steps: int) -> Any:
+    """Each rank's milliseconds per phase (`phases_by_rank`), one group of bars a rank. Shown; returned."""
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(by_rank)))
+    by_rank.plot.barh(ax=ax, width=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"milliseconds over {steps} profiled steps")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.set_title(title)
+    plt.tight_layout()
+    plt.show()
+    return figure

@@ -125,10 +125,15 @@ class Utilisation:
     flops_per_token: int
     tokens_per_s: float
 
-    def summary(self, processes: int, precision: str) -> str:
-        return (f"{self.tokens_per_s:,.0f} tokens/s over {processes} process(es) ({precision}, "
+    def summary(self, processes: int, precision: str, peak_gpu_mb: float | None = None) -> str:
+        """What the lesson prints: tokens/s, FLOPs per token, the peak and where it comes from, MFU; and the
+        GPU allocator's peak per rank where the ranks had GPUs."""
+        text = (f"{self.tokens_per_s:,.0f} tokens/s over {processes} process(es) ({precision}, "
                 f"{self.flops_per_token / 1e6:.2f} MFLOP per token)\npeak per rank: "
                 f"{self.peak_per_rank / 1e9:,.1f} GFLOP/s ({self.peak_source}); MFU {100 * self.mfu:.1f}%")
+        if peak_gpu_mb is not None:
+            text += f"\nGPU allocator peak per rank: {peak_gpu_mb:.0f} MiB"
+        return text
 
 
 def model_flops_utilisation(config: Any, ranks: Sequence[Mapping[str, Any]]) -> Utilisation:

@@ -18,9 +18,9 @@ import hashlib
 import json
 import random
 import sysconfig
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,9 +53,11 @@ class TextCorpus:
     def summary(self, sample_bytes: int = 240) -> str:
         """What a lesson prints about its corpus: how many files and bytes, then the first bytes of the
         training text (decoded, a broken character replaced)."""
-        sample = self.train_path.open("rb").read(sample_bytes).decode("utf-8", errors="replace")
-        return (f"{len(self.manifest['files'])} source files: {self.manifest['train_bytes']:,} training bytes, "
-                f"{self.manifest['val_bytes']:,} validation bytes\n{sample}")
+        with self.train_path.open("rb") as f:
+            sample = f.read(sample_bytes).decode("utf-8", errors="replace")
+        manifest = self.manifest
+        return (f"{len(manifest['files'])} source files: {manifest['train_bytes']:,} training bytes, "
+                f"{manifest['val_bytes']:,} validation bytes\n{sample}")
 
 
 def stdlib_sources() -> list[Path]:

@@ -8,7 +8,7 @@ makes it safe, named so that the loop reads like PyTorch's own FSDP2 example:
     memory = held_bytes(model, optimizer, device)           # after a step: parameters, gradients, optimizer
     checkpoints = ShardedCheckpoints(output_dir)             # step_NNNNNN/ folders, each complete or absent
     checkpoints.save(step, model, optimizer, history=...)   # DCP: every rank writes its own shards
-    crash_once(fail_at, step)                                # the demo: the last rank dies, first attempt only
+    crash_once(fail_at, step)                                # the demo: the last rank dies (first attempt)
 """
 
 from __future__ import annotations
@@ -130,9 +130,10 @@ class ShardedCheckpoints:
         return final
 
     def resume(self, model: Any, optimizer: Any) -> dict[str, Any] | None:
-        """Every rank: load the newest complete checkpoint into `model` and `optimizer` (collective); this rank's
-        loop state saved with it (its RNG state restored), or None when there is none. Rank 0 prints where it
-        resumed, and on which attempt of the group (`TORCHELASTIC_RESTART_COUNT`)."""
+        """Every rank: load the newest complete checkpoint into `model` and `optimizer` (collective), whatever
+        the number of ranks that wrote it; the loop's state saved with it (the step, what it recorded; the RNG
+        state restored), or None when there is none. Rank 0 prints where it resumed, and on which attempt of
+        the group (`TORCHELASTIC_RESTART_COUNT`)."""
         import torch
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
@@ -145,7 +146,10 @@ class ShardedCheckpoints:
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=latest)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
         rank = dist.get_rank()
-        state = torch.load(latest / f"trainer_rank{rank}.pt")
+        own = latest / f"trainer_rank{rank}.pt"
+        # a rank the writing group did not have (a resume on more ranks) takes rank 0's: the loop's state is
+        # the same on every rank, and the RNG state is only what one rank had
+        state = torch.load(own if own.exists() else latest / "trainer_rank0.pt")
         torch.set_rng_state(state["rng"])
         if rank == 0:
             print(f"attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}: resumed from {latest.name}")
@@ -185,11 +189,11 @@ def check_checkpoints(checkpoint_every: Any, fail_at_step: Any, steps: int, max_
         return
     check_whole("fail_at_step", fail_at_step, minimum=2, hint=", or None to skip the crash demo")
     if max_steps is not None and fail_at_step > max_steps:
-        raise ValueError(f"fail_at_step={fail_at_step} lies beyond max_steps={max_steps}: the crash would never "
-                         "happen. Lower fail_at_step, raise max_steps, or set fail_at_step=None.")
+        raise ValueError(f"fail_at_step={fail_at_step} lies beyond max_steps={max_steps}: the crash would "
+                         "never happen. Lower fail_at_step, raise max_steps, or set fail_at_step=None.")
     if fail_at_step > steps:
-        raise ValueError(f"fail_at_step={fail_at_step} must lie in 2..steps ({steps}), or be None to skip the "
-                         "demo.")
+        raise ValueError(f"fail_at_step={fail_at_step} must lie in 2..steps ({steps}), or be None to skip "
+                         "the demo.")
     if fail_at_step <= checkpoint_every:
         raise ValueError(f"fail_at_step={fail_at_step} comes before the first checkpoint (step "
                          f"{checkpoint_every}): there would be nothing to resume from. Raise fail_at_step or "
@@ -279,3 +283,68 @@ def mean_over_ranks(value: Any) -> float:
     total = value.detach().float()
     dist.all_reduce(total)
     return total.item() / dist.get_world_size()
+
+
+def check_elastic(resume_world_sizes: Any, plan: Any, *, batch_size: int, micro_batches: Any,
+                  steps: int) -> tuple[int, str]:
+    """10's settings, before any launch: the world sizes a checkpoint is resumed on, and a global batch that
+    splits over every world size and into the micro-batches. Returns the elastic run's world size and device.
+
+    The batch of a step is the same for any number of ranks (`global_batch`), which is what lets a resumed
+    run take the same steps; so the batch must split evenly over the DDP runs' ranks (`plan`), over the
+    elastic run's (at least 2, to have something to reshard), and over every resume's. The elastic section
+    needs its largest world size at once: on GPUs when there are that many, else on CPU processes.
+    """
+    import math
+
+    import torch
+
+    from helpers.settings import check_whole
+
+    check_whole("micro_batches", micro_batches)
+    if steps < 2:
+        raise ValueError(f"steps={steps}: the runs need at least 2 steps (the elastic run saves half-way and "
+                         "resumes); the step times are steady from the third step on.")
+    if isinstance(resume_world_sizes, str):
+        raise ValueError(f"resume_world_sizes={resume_world_sizes!r} is a string: papermill's -p passes "
+                         "lists as text; use -y 'resume_world_sizes: [1, 4]'.")
+    if not resume_world_sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                     for n in resume_world_sizes):
+        raise ValueError(f"resume_world_sizes={resume_world_sizes!r}: give a list of world sizes >= 1, e.g. "
+                         "[1, 4].")
+    save_world = max(2, plan.processes)
+    gpus = torch.cuda.device_count() if plan.device == "cuda" else 0
+    device = "cuda" if gpus >= max(save_world, *resume_world_sizes) else "cpu"
+    fits = math.lcm(plan.processes * micro_batches, save_world, *resume_world_sizes)   # batch sizes that work
+    for world, what in [(plan.processes, "the DDP runs"), (save_world, "the elastic run"),
+                        *[(n, f"the resume on {n}") for n in resume_world_sizes]]:
+        if batch_size % world:
+            raise ValueError(f"batch_size={batch_size} does not split over the {world} ranks of {what}: use "
+                             f"a multiple of {fits}.")
+    if (batch_size // plan.processes) % micro_batches:
+        raise ValueError(f"each of the {plan.processes} ranks gets {batch_size // plan.processes} sequences "
+                         f"a step, which micro_batches={micro_batches} does not divide: change "
+                         f"micro_batches, or use a batch_size that is a multiple of {fits}.")
+    return save_world, device
+
+
+def plot_elastic(uninterrupted: Sequence[float], resumed: dict[int, Sequence[float]], save_at: int,
+                 save_world: int) -> Any:
+    """10's elastic figure: the uninterrupted run's loss (wide, pale) and each resumed run's from the
+    checkpoint on (thin, a marker each, since the curves coincide). Shown; the figure is returned."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    steps = np.arange(1, len(uninterrupted) + 1)
+    figure, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(steps, uninterrupted, lw=4, alpha=0.35, label=f"uninterrupted, {save_world} ranks")
+    for i, (world, losses) in enumerate(resumed.items()):
+        ax.plot(steps[save_at:], losses, lw=1, marker="ox+^sv*"[i % 7], ms=7, mfc="none",
+                label=f"resumed on {world}")
+    ax.axvline(save_at + 0.5, color="gray", ls="--", label=f"checkpoint (step {save_at})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats per byte)")
+    ax.legend()
+    plt.tight_layout()
+    plt.show()
+    return figure
