@@ -1,14 +1,22 @@
 """FSDP2 lessons' plumbing around `fully_shard`: what a rank really holds, sharded checkpoints that are either
-complete or absent, and a rank that dies on purpose (04's crash demo).
+complete or absent, a rank that dies on purpose (04's crash demo), the settings checks and the figures.
 
-The lessons (04, and 10's elastic resume) keep the technique in view: `fully_shard`, the training loop, and
-`torch.distributed.checkpoint` loading a checkpoint into the sharded model. What is here is what proves it or
-makes it safe, named so that the loop reads like PyTorch's own FSDP2 example:
+The lessons (04, and 10's elastic resume) keep the technique in view: `fully_shard`, the training loop, the
+all-reduced loss. What is here is what proves it or makes it safe, named so that the loop reads like
+PyTorch's own FSDP2 example:
 
-    memory = held_bytes(model, optimizer, device)           # after a step: parameters, gradients, optimizer
-    checkpoints = ShardedCheckpoints(output_dir)             # step_NNNNNN/ folders, each complete or absent
-    checkpoints.save(step, model, optimizer, history=...)   # DCP: every rank writes its own shards
-    crash_once(fail_at, step)                                # the demo: the last rank dies (first attempt)
+    checkpoints = ShardedCheckpoints(output_dir)           # step_NNNNNN/ folders, each complete or absent
+    resumed = checkpoints.resume(model, optimizer)         # DCP: each rank reads its shards, any world size
+    ...
+        crash_once(fail_at, step)                          # the demo: the last rank dies (first attempt)
+        ...
+        memory = memory or held_bytes(model, optimizer, device)   # after a step: parameters, gradients, state
+        history.append(mean_over_ranks(loss))
+        checkpoints.save(step, model, optimizer, history=history)  # DCP: every rank writes its own shards
+
+In the notebook's process: `check_checkpoints` and `check_elastic` refuse bad settings before any launch;
+`sharding_table` and `plan_gap` set what the ranks held beside `helpers.memory_plan`'s plan;
+`plot_bits_per_byte`, `plot_resume` and `plot_elastic` draw the lessons' figures.
 """
 
 from __future__ import annotations
