@@ -5,6 +5,7 @@ where a process group is needed), in seconds."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -140,12 +141,14 @@ def test_held_bytes_counts_each_role_once_and_sees_a_copy_kept_on_the_side(group
     model = DDP(GPT(SMALL))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     _step(model, optimizer, _tokens(), 1)
+    gc.collect()   # earlier tests' garbage: tensors the walk would still find
     held = fsdp.held_bytes(model, optimizer, "cpu")
     counts = count_parameters(SMALL)
     table = fsdp.sharding_table(counts, 1, {"DDP": held, "FSDP": held})
     assert fsdp.plan_gap(table) == 0.0   # each role exactly the plan: 4 bytes a parameter, gradient, momentum
     assert table.loc["model state", "DDP planned"] == model_state_bytes(counts, "ddp", 1, "sgd").total / 2**20
     spare = [p.grad.clone() for p in model.parameters()]   # gradients kept twice: the probe must show it
+    gc.collect()
     again = fsdp.held_bytes(model, optimizer, "cpu")
     assert again["other"] - held["other"] >= 4 * counts.total and again["gradients"] == held["gradients"]
     del spare
