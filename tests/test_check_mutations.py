@@ -43,6 +43,21 @@ _NB03_SMALL = dict(num_users=200, num_movies=100, eval_users=50, epochs=1, max_s
 # notebook 10 at a small size: no compilation (its check is not the one under test), one resume
 _NB10_SMALL = dict(steps=8, compile_model=False, profile_steps=1, resume_world_sizes=[1])
 
+# What a rank sees when output_dir is on another node's disk: the launch's `shared` option marks the folder,
+# and the marker is gone before the ranks look (helpers.launch marks through its own shared_paths).
+_UNSEEN_OUTPUT_DIR = (
+    "import contextlib, os\n"
+    "import helpers.launch\n"
+    "_marking = helpers.launch.shared_paths\n"
+    "@contextlib.contextmanager\n"
+    "def _unseen(**paths):\n"
+    "    with _marking(**paths) as marked:\n"
+    "        for item in marked.paths:\n"
+    "            if item.name == 'output_dir':\n"
+    "                os.remove(item.marker)\n"
+    "        yield marked\n"
+    "helpers.launch.shared_paths = _unseen\n")
+
 # notebook 05 on the shipped chat data (tests/data/chat_facts.jsonl) with its own tiny model
 _NB05_CHAT = dict(dataset_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl"), processes=2,
                   n_test=16, batch_size=8, epochs=3, lr=1e-3, max_length=256, run_parity=False)
@@ -124,22 +139,15 @@ MUTATIONS = [
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=16, n_val=8, epochs=1, max_steps=2, parity_steps=1), slow=True),
     Mutation("04_fsdp_transformer", "the checkpoint folder on a disk the ranks' node does not see",
-             '    results = train.distributed(cfg, shared, str(corpus.train_path), str(corpus.val_path), '
-             'str(run_root / "main"))\n',
-             "    os.remove(shared.paths[-1].marker)   # a rank on a node without checkpoint_dir"
-             "\n"
-             '    results = train.distributed(cfg, shared, str(corpus.train_path), str(corpus.val_path), '
-             'str(run_root / "main"))\n',
-             r"cannot see the folder checkpoint_dir=.*storage every node reaches",
+             'results = train.options(shared=dict(data, output_dir=output / "main")).distributed(cfg)\n',
+             _UNSEEN_OUTPUT_DIR
+             + 'results = train.options(shared=dict(data, output_dir=output / "main")).distributed(cfg)\n',
+             r"cannot see the folder output_dir=.*storage every node reaches",
              dict(_NB04_SMALL), slow=True),
-    Mutation("10_fast_and_elastic", "run_dir on a disk the ranks' node does not see",
-             "    with shared_paths(train_path=corpus.train_path, trace_dir=trace_dir, "
-             "checkpoint=checkpoint) as shared:\n",
-             "    with shared_paths(train_path=corpus.train_path, trace_dir=trace_dir, "
-             "checkpoint=checkpoint) as shared:\n"
-             "        for item in shared.paths:   # what a rank sees when run_dir is another node's\n"
-             "            if item.marker:\n                os.remove(item.marker)\n",
-             r"cannot see the folder checkpoint=.*storage every node reaches",
+    Mutation("10_fast_and_elastic", "output_dir on a disk the ranks' node does not see",
+             "baseline = run(keep_weights=True)",
+             _UNSEEN_OUTPUT_DIR + "baseline = run(keep_weights=True)",
+             r"cannot see the folder output_dir=.*storage every node reaches",
              dict(_NB10_SMALL), slow=True),
     Mutation("06_ray_train_resnet", "storage_path on a disk the workers' node does not see",
              '    config["shared"] = shared\n',
@@ -195,16 +203,14 @@ MUTATIONS = [
              "        scaler.scale(loss * (ctx.world_size if cfg['strategy'] == 'fsdp' else 1)).backward()",
              r"FSDP and DDP losses differ by",
              dict(steps=30, checkpoint_every=10, max_steps=2, fail_at_step=None, eval_batches=1), slow=True),
-    Mutation("04_fsdp_transformer", "a resume that restores nothing",
-             "        set_state_dict(model, optimizer, model_state_dict=state[\"model\"], "
-             "optim_state_dict=state[\"optim\"])\n",
-             "",
+    Mutation("04_fsdp_transformer", "a resume that restores nothing into the model being trained",
+             "    resumed = checkpoints.resume(model, optimizer)",
+             "    resumed = checkpoints.resume(*shard(cfg, device, precision))   # a throwaway model",
              r"resumed run differs from the uninterrupted one",
              dict(steps=30, checkpoint_every=10, fail_at_step=15, parity_steps=2, eval_batches=1), slow=True),
     Mutation("04_fsdp_transformer", "an untrained model logged in place of the gathered, trained one",
-             "    mlflow.pytorch.save_model(sampler, model_uri, signature=signature, input_example=examples,",
-             "    mlflow.pytorch.save_model(GPT(gpt_config), model_uri, signature=signature, "
-             "input_example=examples,",
+             'logged = log_model(sampler, "04_fsdp_transformer",',
+             'logged = log_model(GPT(config), "04_fsdp_transformer",',
              r"the loaded model does not give the evaluation's answers",
              _NB04_SMALL, slow=True),
     Mutation("04_fsdp_transformer", "the memory plan given the wrong world size",
@@ -219,9 +225,8 @@ MUTATIONS = [
              r"the loaded model does not give the evaluation's detections",
              dict(epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("10_fast_and_elastic", "an untrained model logged in place of the trained one",
-             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
-             "    mlflow.pytorch.save_model(GPT(config), model_uri, signature=signature, "
-             "input_example=examples,",
+             'logged = log_model(model, "10_fast_and_elastic",',
+             'logged = log_model(GPT(config), "10_fast_and_elastic",',
              r"the loaded model does not give the evaluation's answers", _NB10_SMALL, slow=True),
     Mutation("03_lightning_two_tower_mds", "an untrained model logged in place of the trained one",
              'logged = log_model(Recommender(model).eval(), "03_lightning_two_tower_mds", '
@@ -322,16 +327,16 @@ MUTATIONS = [
              "                        scaler.scale(loss).backward()",
              r"accumulated steps differ from one-piece steps", _NB10_SMALL, slow=True),
     Mutation("10_fast_and_elastic", "no_sync never entered: every micro-batch all-reduced",
-             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and not last and "
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and i < micro - 1 and "
              "cfg[\"strategy\"] == \"ddp\"",
              "                keep_local = False",
              r"no_sync did not skip the all-reduces", _NB10_SMALL, slow=True),
     Mutation("10_fast_and_elastic", "no_sync on the first micro-batch only: fewer all-reduces than naive, "
              "more than one piece",
-             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and not last and "
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and i < micro - 1 and "
              "cfg[\"strategy\"] == \"ddp\"",
-             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and i == 0 and not last and "
-             "cfg[\"strategy\"] == \"ddp\"",
+             "                keep_local = cfg[\"accumulate\"] == \"no_sync\" and i == 0 and i < micro - 1 "
+             "and cfg[\"strategy\"] == \"ddp\"",
              r"no_sync did not skip the all-reduces", _NB10_SMALL, slow=True),
     Mutation("06_ray_train_resnet", "a resume that restores only the epoch counter",
              "        model.module.load_state_dict(state[\"model\"])\n"

@@ -65,7 +65,7 @@ def test_user_text_file_and_folder(tmp_path):
 
 
 def test_bad_input_says_what_to_change(tmp_path):
-    with pytest.raises(FileNotFoundError, match="text_path=.*does not exist"):
+    with pytest.raises(FileNotFoundError, match="data_path=.*does not exist"):
         build_text_corpus(tmp_path / "missing.txt")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty folder"):

@@ -1,7 +1,7 @@
 """Notebook 04 under papermill with parameters other than the stored defaults.
 
 The defaults (2 CPU processes, the crash demo included) are covered by nbval over notebooks/. Here:
-one process on a user's text (text_path), the failure-and-resume path on its own on the two-node Ray cluster,
+one process on a user's text (data_path), the failure-and-resume path on its own on the two-node Ray cluster,
 capped at 12 steps, a checkpoint folder the ranks cannot see refused before training (make test-cluster), the
 trained model registered in MLflow and loaded by name in a fresh process, and bad arguments refused before any
 launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
@@ -35,7 +35,7 @@ SMALL = dict(steps=60, checkpoint_every=20, parity_steps=2, eval_batches=2)
 
 
 def test_one_process_on_user_text(run_notebook, tmp_path):
-    """text_path: a folder of the user's text files (here, three standard-library packages copied out)."""
+    """data_path: a folder of the user's text files (here, three standard-library packages copied out)."""
     import shutil
     import sysconfig
     from pathlib import Path
@@ -44,7 +44,7 @@ def test_one_process_on_user_text(run_notebook, tmp_path):
     for package in ("email", "json", "http"):
         shutil.copytree(stdlib / package, tmp_path / "corpus" / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    nb, metrics = run_notebook("04_fsdp_transformer", processes=1, text_path=str(tmp_path / "corpus"),
+    nb, metrics = run_notebook("04_fsdp_transformer", processes=1, data_path=str(tmp_path / "corpus"),
                                fail_at_step=None, **dict(SMALL, steps=100, checkpoint_every=50))
     assert metrics["processes"] == 1
     assert metrics["val_bits_per_byte"] < metrics["unigram_bits_per_byte"] - 0.5
@@ -64,7 +64,7 @@ def test_crash_and_resume_on_two_nodes(run_notebook, tmp_path, two_node_cluster)
     """
     ckpt = tmp_path / "ckpt"
     nb, metrics = run_notebook("04_fsdp_transformer", processes=2, cluster=two_node_cluster.address,
-                               fail_at_step=6, checkpoint_dir=str(ckpt), activation_checkpointing=True,
+                               fail_at_step=6, output_dir=str(ckpt), activation_checkpointing=True,
                                **dict(SMALL, checkpoint_every=4, max_steps=12, eval_batches=1))
     out = stream_text(nb)
     assert metrics["nodes"] == 2 and "2 rank(s) ran on 2 node(s)" in out
@@ -80,7 +80,7 @@ def test_crash_and_resume_on_two_nodes(run_notebook, tmp_path, two_node_cluster)
 @pytest.mark.cluster
 def test_a_checkpoint_folder_a_rank_cannot_see_fails_before_training(run_notebook, tmp_path,
                                                                      two_node_cluster):
-    """checkpoint_dir on a disk the other machines do not share: the ranks find the folder (or a folder of the
+    """output_dir on a disk the other machines do not share: the ranks find the folder (or a folder of the
     same name) without the marker the notebook's process wrote into it, and the launch stops before training
     with a SharedStorageError naming the parameter. Simulated as tests/test_launch_ray.py does: both nodes
     share this disk, so a thread removes the marker as soon as the notebook's process writes it (Ray takes
@@ -105,14 +105,14 @@ def test_a_checkpoint_folder_a_rank_cannot_see_fails_before_training(run_noteboo
     try:
         with pytest.raises(PapermillExecutionError) as info:
             run_notebook("04_fsdp_transformer", processes=2, cluster=two_node_cluster.address,
-                         fail_at_step=None, checkpoint_dir=str(tmp_path / "ckpt"),
+                         fail_at_step=None, output_dir=str(tmp_path / "ckpt"),
                          **dict(SMALL, max_steps=4, checkpoint_every=2))
     finally:
         done.set()
         watcher.join()
     error = str(info.value)
     assert "SharedStorageError" in error
-    assert re.search(r"rank \d on node [0-9a-f]{16,} cannot see the folder checkpoint_dir=\S*/ckpt/main "
+    assert re.search(r"rank \d on node [0-9a-f]{16,} cannot see the folder output_dir=\S*/ckpt/main "
                      r"that the notebook's process marked: .*storage every node reaches", error), error
     assert not list(main.glob("step_*")), "a rank trained (and checkpointed) before the check"
 

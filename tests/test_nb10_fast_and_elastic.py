@@ -41,14 +41,14 @@ def test_bad_parameters_are_refused_before_any_launch(refusals, monkeypatch):
 @pytest.mark.cluster
 def test_two_nodes(run_notebook, tmp_path, two_node_cluster):
     """cluster=<address>: the DDP runs, the profiled run and the elastic run on 2 ranks train one rank per
-    node (traces and the checkpoint written from both nodes into run_dir); the resumes on 1 and 4 ranks run on
-    this machine and continue the 2-node run's loss curve. 4 steps, compile off: every check of the notebook
-    holds at any length."""
-    run_dir = tmp_path / "run"
+    node (traces and the checkpoint written from both nodes into output_dir); the resumes on 1 and 4 ranks
+    run on this machine and continue the 2-node run's loss curve. 4 steps, compile off: every check of the
+    notebook holds at any length."""
+    output_dir = tmp_path / "run"
     nb, metrics = run_notebook("10_fast_and_elastic", processes=2, cluster=two_node_cluster.address,
-                               max_steps=4, compile_model=False, profile_steps=1, run_dir=str(run_dir))
+                               max_steps=4, compile_model=False, profile_steps=1, output_dir=str(output_dir))
     out = stream_text(nb)
     assert metrics["nodes"] == 2
     assert "2 rank(s) ran on 2 node(s)" in out and "all checks passed" in out
     assert metrics["resume_max_abs_diff"] < 1e-3
-    assert sorted(p.name for p in (run_dir / "traces").iterdir()) == ["rank0.json", "rank1.json"]
+    assert sorted(p.name for p in (output_dir / "traces").iterdir()) == ["rank0.json", "rank1.json"]

@@ -207,7 +207,7 @@ RUNS: dict[str, dict[str, Any]] = {
         why="scoring 10,000 users against all 59,047 movies, before training and after each of the two "
             "capped epochs, was 25-30 s of a 86 s run on 2 cores; 2,000 users take the same code path"),
     "04_fsdp_transformer": dict(
-        stand_ins=lambda tmp: dict(checkpoint_dir=str(tmp / "ckpt")),
+        stand_ins=lambda tmp: dict(output_dir=str(tmp / "ckpt")),
         cap=dict(max_steps=3, batch_size=16, parity_steps=2, eval_batches=1),
         why="one step of 256 x 256 tokens through the 10M model is about 4 TFLOP (a minute on 2 cores)"),
     "05_deepspeed_zero_sft": dict(stand_ins=_llama, cap=dict(max_steps=2, n_test=8), why=""),
@@ -221,7 +221,7 @@ RUNS: dict[str, dict[str, Any]] = {
         stand_ins=_olmo3, cap=dict(max_steps=2, n_test=8, load_in_4bit=True),
         why="not a cut: QLoRA, on by default only on GPUs, runs here too (bitsandbytes' CPU 4-bit weights)"),
     "10_fast_and_elastic": dict(
-        stand_ins=lambda tmp: dict(run_dir=str(tmp / "nb10")),
+        stand_ins=lambda tmp: dict(output_dir=str(tmp / "nb10")),
         cap=dict(max_steps=2, batch_size=16, profile_steps=1, compile_model=False),
         why="one step of 256 x 256 tokens through the 10M model is about 4 TFLOP (a minute on 2 cores); "
             "compiling the 10M model takes 30 s here (nbval's run compiles the tiny one, same code)"),
@@ -286,7 +286,7 @@ def test_04_scale_up_10m_preset(run_notebook, tmp_path):
     nb, metrics = run_notebook("04_fsdp_transformer", **_run_parameters("04_fsdp_transformer", tmp_path))
     assert 9e6 < metrics["parameters"] < 12e6, metrics["parameters"]
     assert metrics["parity_max_abs_diff"] < 1e-4
-    assert list((tmp_path / "ckpt").iterdir()), "no checkpoint in checkpoint_dir"
+    assert list((tmp_path / "ckpt").iterdir()), "no checkpoint in output_dir"
 
 
 @pytest.mark.notebook
@@ -350,7 +350,7 @@ def test_09_scale_up_olmo3_folder_with_axolotl(run_notebook, tmp_path):
 def test_10_scale_up_10m_preset_resumed_on_1_and_4_ranks(run_notebook, tmp_path):
     """The 10M model with 8 micro-batches a step, every technique on it, the 2-rank checkpoint resumed on
     1 and on 4 CPU processes (world sizes other than the saving run's, here and on 8 GPUs); traces and
-    checkpoint in the given run_dir."""
+    checkpoint in the given output_dir."""
     nb, metrics = run_notebook("10_fast_and_elastic", **_run_parameters("10_fast_and_elastic", tmp_path))
     assert 9e6 < metrics["parameters"] < 12e6, metrics["parameters"]
     assert metrics["allreduces_per_step_naive"] == 8 * metrics["allreduces_per_step_no_sync"]

@@ -38,7 +38,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "run_parity": False}),
     ScaleUp("04_fsdp_transformer", "on 8 GPUs", {
         "preset": "10M", "steps": 5000, "batch_size": 256, "lr": 0.001, "checkpoint_every": 500,
-        "fail_at_step": None, "checkpoint_dir": "/shared/ckpt/run1"}),
+        "fail_at_step": None, "output_dir": "/shared/ckpt/run1"}),
     ScaleUp("05_deepspeed_zero_sft", "on 8 GPUs, Llama 3.2 1B", {
         "model_name": "/models/Llama-3.2-1B-Instruct", "dataset_path": "my_chats.jsonl", "zero_stage": 3,
         "batch_size": 64, "lr": 2e-5, "epochs": 2, "max_length": 1024, "output_dir": "/models/llama-sft",
@@ -61,7 +61,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "output_dir": "/models/olmo-3-7b-qlora"}),
     ScaleUp("10_fast_and_elastic", "on 8 GPUs", {
         "preset": "10M", "steps": 200, "batch_size": 256, "micro_batches": 8, "lr": 0.02, "straggler_ms": 0,
-        "resume_world_sizes": [1, 4], "run_dir": "/shared/nb10"}),
+        "resume_world_sizes": [1, 4], "output_dir": "/shared/nb10"}),
 ]}
 
 

@@ -24,14 +24,14 @@ import torch.nn.functional as F
 from helpers.data.text_corpus import VOCAB_SIZE
 
 # "tiny" trains on a 2-core CPU in a minute; "10M" is the ~10M-parameter model for GPUs
-PRESETS = {"tiny": dict(d_model=128, n_layers=2, n_heads=4, context=64),
-           "10M": dict(d_model=384, n_layers=6, n_heads=6, context=256)}
+PRESETS = {"tiny": dict(hidden_size=128, layers=2, n_heads=4, context=64),
+           "10M": dict(hidden_size=384, layers=6, n_heads=6, context=256)}
 
 
 @dataclass
 class GPTConfig:
-    d_model: int
-    n_layers: int
+    hidden_size: int   # the width of every token's vector
+    layers: int        # the number of transformer blocks
     n_heads: int
     context: int
     vocab_size: int = VOCAB_SIZE
@@ -41,11 +41,11 @@ class Block(nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.n_heads = c.n_heads
-        self.norm1, self.norm2 = nn.LayerNorm(c.d_model), nn.LayerNorm(c.d_model)
-        self.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
-        self.attn_out = nn.Linear(c.d_model, c.d_model, bias=False)
-        self.mlp_in = nn.Linear(c.d_model, 4 * c.d_model, bias=False)
-        self.mlp_out = nn.Linear(4 * c.d_model, c.d_model, bias=False)
+        self.norm1, self.norm2 = nn.LayerNorm(c.hidden_size), nn.LayerNorm(c.hidden_size)
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
+        self.attn_out = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.mlp_in = nn.Linear(c.hidden_size, 4 * c.hidden_size, bias=False)
+        self.mlp_out = nn.Linear(4 * c.hidden_size, c.hidden_size, bias=False)
 
     def forward(self, x):
         batch, length, width = x.shape
@@ -60,11 +60,11 @@ class GPT(nn.Module):
     def __init__(self, c: GPTConfig, activation_checkpointing: bool = False):
         super().__init__()
         self.config, self.activation_checkpointing = c, activation_checkpointing
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_emb = nn.Embedding(c.context, c.d_model)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = nn.LayerNorm(c.d_model)
-        self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.tok_emb = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.pos_emb = nn.Embedding(c.context, c.hidden_size)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.norm = nn.LayerNorm(c.hidden_size)
+        self.head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     def forward(self, idx):
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
@@ -82,7 +82,7 @@ def init_weights(model: nn.Module, seed: int) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     generator = torch.Generator().manual_seed(seed)
-    residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)   # the layers that add into the residual
+    residual_std = 0.02 / math.sqrt(2 * model.config.layers)   # the layers that add into the residual
     for name, param in model.named_parameters():             # the same order on every rank
         if name.startswith("norm") or ".norm" in name:
             full = torch.ones(param.shape) if name.endswith("weight") else torch.zeros(param.shape)
@@ -95,16 +95,27 @@ def init_weights(model: nn.Module, seed: int) -> None:
 
 
 def gpt_config(preset: str = "tiny", **overrides: int | None) -> GPTConfig:
-    """The preset's configuration with the given fields replaced (None keeps the preset's value)."""
+    """The preset's configuration with the given fields replaced (None keeps the preset's value).
+
+    The notebooks pass their parameters as they are, so a bad one is refused here, before anything is built:
+    a preset that does not exist, a size that is not a whole number of at least 1, a width that the heads
+    do not divide.
+    """
+    from helpers.settings import check_whole
+
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {', '.join(map(repr, PRESETS))}.")
     chosen = dict(PRESETS[preset])
     unknown = set(overrides) - set(chosen)
     if unknown:
         raise TypeError(f"unknown GPT configuration field(s) {sorted(unknown)}; known: {sorted(chosen)}")
-    chosen.update({k: v for k, v in overrides.items() if v is not None})
-    if chosen["d_model"] % chosen["n_heads"]:
-        raise ValueError(f"d_model={chosen['d_model']} must be a multiple of n_heads={chosen['n_heads']}.")
+    for name, value in overrides.items():
+        if value is not None:
+            check_whole(name, value, hint=f", or None for the {preset!r} preset's {chosen[name]}")
+            chosen[name] = value
+    if chosen["hidden_size"] % chosen["n_heads"]:
+        raise ValueError(f"hidden_size={chosen['hidden_size']} must be a multiple of "
+                         f"n_heads={chosen['n_heads']}.")
     return GPTConfig(**chosen)
 
 
@@ -113,3 +124,30 @@ def model_source() -> str:
     module = sys.modules[__name__]
     return "\n\n\n".join(inspect.getsource(getattr(module, name)).rstrip()
                        for name in ("GPTConfig", "Block", "GPT", "init_weights"))
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, tokens, cfg: dict, device: torch.device | str) -> float:
+    """The mean validation loss (nats per byte) over `cfg["eval_batches"]` fixed global batches of `tokens`,
+    shared out between the ranks: each rank scores its slice of each batch on `device`, and the sums are
+    all-reduced.
+
+    The batches are `global_batch(tokens, -1 - i, cfg)`: the same windows at every evaluation and for any
+    number of ranks, so the curve is comparable across runs. Called by every rank (collective).
+    """
+    import torch.distributed as dist
+
+    from helpers.data.text_corpus import global_batch
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local = cfg["batch_size"] // world_size
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for i in range(cfg["eval_batches"]):
+        batch = global_batch(tokens, -1 - i, cfg)[rank * local:(rank + 1) * local].to(device)
+        logits = model(batch[:, :-1]).float()
+        total[0] += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
+        total[1] += batch[:, 1:].numel()
+    dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
