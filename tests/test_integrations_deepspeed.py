@@ -121,13 +121,15 @@ def test_ranks_join_deepspeed_s_group_without_building_the_shared_memory_kernel(
     from helpers import distributed
 
     @distributed(processes=2, device="cpu")
-    def joined():
-        import deepspeed
+    def joined():   # (imports here: cloudpickle would send torch.ops with a global torch and an `.ops`)
+        import deepspeed.comm
+        import torch
+        from deepspeed.ops import __compatible_ops__ as compatible
 
         from helpers import worker_context
 
         zero.join_group(worker_context().backend)
-        return (deepspeed.comm.get_world_size(), deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"],
+        return (deepspeed.comm.get_world_size(), compatible["deepspeed_shm_comm"],
                 torch.get_float32_matmul_precision())
 
     assert joined.distributed() == [(2, False, "highest")] * 2
