@@ -59,8 +59,12 @@ _UNSEEN_OUTPUT_DIR = (
     "helpers.launch.shared_paths = _unseen\n")
 
 # notebook 05 on the shipped chat data (tests/data/chat_facts.jsonl) with its own tiny model
-_NB05_CHAT = dict(dataset_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl"), processes=2,
+_NB05_CHAT = dict(data_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl"), processes=2,
                   n_test=16, batch_size=8, epochs=3, lr=1e-3, max_length=256, run_parity=False)
+
+# notebook 05's loading line, in each rank
+_NB05_LOAD = ('    model = AutoModelForCausalLM.from_pretrained(model_path, dtype={"bf16": torch.bfloat16, '
+              '"fp16": torch.float16}.get(precision))\n')
 
 PRETRAINED_LOOKING = "pretrained-looking:"   # + "llama" or "gpt-oss": see _resolve
 
@@ -82,9 +86,17 @@ MUTATIONS = [
              _NB03_SMALL,
              slow=True),
     Mutation("05_deepspeed_zero_sft", "output_dir on storage the ranks' nodes do not see",
-             "    results = train.distributed(cfg, shared)",
-             "    os.remove(shared.paths[-1].marker)   # what a rank sees when output_dir is another node's\n"
-             "    results = train.distributed(cfg, shared)",
+             "results = train.options(shared=shared).distributed()",
+             # what a rank sees when output_dir is another node's: the launch's marker is not there
+             "import contextlib, os\nimport helpers.launch as launch_module\n"
+             "marked_by_launch = launch_module.shared_paths\n"
+             "@contextlib.contextmanager\n"
+             "def output_dir_unseen(**paths):\n"
+             "    with marked_by_launch(**paths) as marked:\n"
+             "        [os.remove(p.marker) for p in marked.paths if p.name == 'output_dir']\n"
+             "        yield marked\n"
+             "launch_module.shared_paths = output_dir_unseen\n"
+             "results = train.options(shared=shared).distributed()",
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("07_trl_sft_gpt_oss", "output_dir on storage the ranks' nodes do not see",
@@ -94,24 +106,23 @@ MUTATIONS = [
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the held-out loss scored on the model before fine-tuning",
-             '        evaluation["after"] = evaluate_in_ranks(trainer.model, tokenizer, cfg["test_rows"], '
-             'ctx.device)',
-             '        evaluation["after"] = dict(evaluate_in_ranks(trainer.model, tokenizer, '
-             'cfg["test_rows"], ctx.device),\n'
-             '                                   loss=evaluation["before"]["loss"])',
+             '            evaluation["after"] = evaluate_in_ranks(model, tokenizer, test_rows, '
+             'device=args.device)',
+             '            evaluation["after"] = dict(evaluate_in_ranks(model, tokenizer, test_rows, '
+             'device=args.device),\n'
+             '                                       loss=evaluation["before"]["loss"])',
              r"the held-out loss did not fall", _NB05_CHAT, slow=True),
     Mutation("05_deepspeed_zero_sft",
              "the SFTConfig created after from_pretrained: every rank loads the whole model",
-             '    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=dtype)\n',
+             _NB05_LOAD,
              "    from transformers.integrations.deepspeed import set_hf_deepspeed_config, "
              "unset_hf_deepspeed_config\n"
              "    unset_hf_deepspeed_config()   # as if SFTConfig were created after from_pretrained\n"
-             '    model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=dtype)\n'
-             "    set_hf_deepspeed_config(args.hf_deepspeed_config)\n",
+             f"{_NB05_LOAD}    set_hf_deepspeed_config(args.hf_deepspeed_config)\n",
              r"not about 1/2 each: the model was loaded whole on every rank, not partitioned by zero.Init",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the built-in task's 4x demand applied to chat data",
-             "built_in=model_name is None and dataset_path is None,", "built_in=True,",
+             "built_in=model_name is None and data_path is None,", "built_in=True,",
              r"training loss did not fall 4x", _NB05_CHAT, slow=True),
     Mutation("08_unsloth_llama", "each rank's held-out loss of its own share only (none over the ranks)",
              "    loss = answer_loss(model, tokenizer, rows, over_ranks=True)",
@@ -122,7 +133,7 @@ MUTATIONS = [
              'base_model = AutoModelForCausalLM.from_pretrained(model_path)\n'
              'print(f"the ranks evaluate {len(test_rows)} held-out conversations',
              r"this kernel holds model weights \(\['base_model'\]\) although model_name is given",
-             dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["dataset_path"],
+             dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["data_path"],
                   processes=2, n_test=16, batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
     Mutation("02_ddp_retinanet", "the output folder on a disk the ranks' node does not see",
              "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)",
@@ -237,18 +248,18 @@ MUTATIONS = [
              _NB03_SMALL,
              slow=True),
     Mutation("05_deepspeed_zero_sft", "an untrained model logged in place of the fine-tuned one",
-             "model_folder = str(Path(output_dir).resolve())",
-             "model_folder = str(Path(model_path).resolve())",
+             "logged = log_model(str(Path(output_dir).resolve()),",
+             "logged = log_model(str(Path(model_path).resolve()),",
              r"the loaded model does not give the evaluation's answers",
              dict(processes=1, n_train=128, n_test=8, epochs=1, max_steps=30, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the stage runs all under stage 0: nothing sharded, the same steps",
-             "        parity = {stage: fine_tune(parity_cfg, stage, \"parity\",",
-             "        parity = {stage: fine_tune(parity_cfg, 0, \"parity\",",
+             "    parity = {s: fine_tune(s, rows,",
+             "    parity = {s: fine_tune(0, rows,",
              r"away from the memory plan's figure",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("05_deepspeed_zero_sft", "ZeRO-3 keeping every small parameter whole on every rank",
-             "zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=\"auto\",",
-             "zero.update(stage3_prefetch_bucket_size=\"auto\",",
+             "zero.update(stage3_param_persistence_threshold=0,",
+             "zero.update(",
              r"away from the memory plan's figure",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("08_unsloth_llama", "the ranks' adapters without the embeddings the plan trains in full",
@@ -300,9 +311,12 @@ MUTATIONS = [
              "        return loss * self.trainer.world_size\n\n    def validation_step",
              r"2 DDP ranks and 1 accumulating process differ by", dict(epochs=1, max_steps=4), slow=True),
     Mutation("05_deepspeed_zero_sft", "ZeRO 1-3 normalising by half the tokens (steps twice the size)",
-             "            loss = super().training_step(model, inputs, num_items_in_batch)",
-             "            loss = super().training_step(model, inputs, num_items_in_batch if stage == 0\n"
-             "                                         else num_items_in_batch / 2)",
+             "    trainer = with_step_losses(SFTTrainer)(",
+             "    class HalfTheTokens(with_step_losses(SFTTrainer)):\n"
+             "        def training_step(self, model, inputs, num_items_in_batch=None):\n"
+             "            return super().training_step(model, inputs, num_items_in_batch if stage == 0\n"
+             "                                         else num_items_in_batch / 2)\n\n"
+             "    trainer = HalfTheTokens(",
              r"ZeRO stages differ from stage 0 by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("07_trl_sft_gpt_oss", "FSDP summing the ranks' gradients instead of averaging them",
              "    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, "

@@ -50,7 +50,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
     from tests.data.chat_facts import JSONL, pretrained_looking
 
     nb, metrics = run_notebook("05_deepspeed_zero_sft", model_name=str(pretrained_looking("llama")),
-                               dataset_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
+                               data_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
                                lr=1e-3, max_length=256, run_parity=False)
     out = stream_text(nb)
     assert "your model or data: the training loss and the held-out loss fell" in out

@@ -156,6 +156,11 @@ def _llama(tmp: Path) -> dict[str, Any]:
                 output_dir=str(tmp / "llama-sft"))
 
 
+def _as_data_path(stand_ins: dict[str, Any]) -> dict[str, Any]:
+    """The user's JSONL as `data_path`, the gallery's one name for a notebook's data."""
+    return {"data_path" if name == "dataset_path" else name: value for name, value in stand_ins.items()}
+
+
 def _fashion(tmp: Path) -> dict[str, Any]:
     from helpers.data import fashion_idx
 
@@ -210,7 +215,8 @@ RUNS: dict[str, dict[str, Any]] = {
         stand_ins=lambda tmp: dict(output_dir=str(tmp / "ckpt")),
         cap=dict(max_steps=3, batch_size=16, parity_steps=2, eval_batches=1),
         why="one step of 256 x 256 tokens through the 10M model is about 4 TFLOP (a minute on 2 cores)"),
-    "05_deepspeed_zero_sft": dict(stand_ins=_llama, cap=dict(max_steps=2, n_test=8), why=""),
+    "05_deepspeed_zero_sft": dict(stand_ins=lambda tmp: _as_data_path(_llama(tmp)),
+                                  cap=dict(max_steps=2, n_test=8), why=""),
     "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
                                 why="8 Ray Train workers do not fit 2 cores; 4 share them"),
     "07_trl_sft_gpt_oss": dict(stand_ins=_gpt_oss, cap=dict(max_steps=2, n_test=8), why=""),

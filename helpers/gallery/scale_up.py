@@ -40,7 +40,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "preset": "10M", "steps": 5000, "batch_size": 256, "lr": 0.001, "checkpoint_every": 500,
         "fail_at_step": None, "output_dir": "/shared/ckpt/run1"}),
     ScaleUp("05_deepspeed_zero_sft", "on 8 GPUs, Llama 3.2 1B", {
-        "model_name": "/models/Llama-3.2-1B-Instruct", "dataset_path": "my_chats.jsonl", "zero_stage": 3,
+        "model_name": "/models/Llama-3.2-1B-Instruct", "data_path": "my_chats.jsonl", "zero_stage": 3,
         "batch_size": 64, "lr": 2e-5, "epochs": 2, "max_length": 1024, "output_dir": "/models/llama-sft",
         "run_parity": False}),
     ScaleUp("06_ray_train_resnet", "on a Ray cluster with 8 GPUs", {
