@@ -1,5 +1,5 @@
-"""Notebook 06's Ray Train helpers (helpers.integrations.ray_train) and its data helpers (fashion_idx.locate and
-the figures), without starting Ray: the settings check of the crash demo, the run's length and figures, the
+"""Notebook 06's Ray Train helpers (helpers.integrations.ray_train) and its data helpers (fashion_idx.locate
+and the figures), without starting Ray: the settings check of the crash demo, the run's length and figures, the
 validation and loss all-reduced over two gloo ranks, the resume's evidence, the marks and the folder check.
 The notebook's own tests run them inside Ray Train workers."""
 
@@ -46,14 +46,15 @@ def test_quiet_ray_keeps_what_the_user_set(monkeypatch):
     monkeypatch.setenv("RAY_DEDUP_LOGS", "1")
     ray_train.quiet_ray()
     assert os.environ["RAY_DEDUP_LOGS"] == "1"
-    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == ray_train.RAY_SETTINGS["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]
+    health = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+    assert os.environ[health] == ray_train.RAY_SETTINGS[health]
 
 
 def test_epoch_steps_cut_time_and_record(monkeypatch):
     monkeypatch.setattr(ray_train, "worker_device", lambda: torch.device("cpu"))
     steps = ray_train.EpochSteps(CONFIG)
     assert (steps.epochs_run, steps.per_epoch, steps.total) == (3, 16, 48)
-    assert list(steps.epochs(1)) == [1, 2]   # a group resumed after epoch 1 runs epochs 2 and 3 (0-based 1, 2)
+    assert list(steps.epochs(1)) == [1, 2]   # a group resumed after epoch 1 runs epochs 2 and 3 (0-based)
     seen = []
     for step, batch in steps.batches(iter(range(100))):   # a loader longer than an epoch is cut
         seen.append((step, batch))

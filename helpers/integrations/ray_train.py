@@ -1,7 +1,7 @@
 """Ray Train around notebook 06's training function: what the lesson needs that Ray Train's own quickstart
 leaves out, so that the notebook reads like that quickstart.
 
-On the driver (the notebook's kernel):
+In the notebook's kernel:
 
     ray_train.quiet_ray()                    # before `import ray`: Ray's output kept to what a reader needs
     session = ray_train.connect(cluster)      # ray.init(): the cluster, or a private instance on this machine
@@ -283,7 +283,7 @@ def lose_worker(epoch: int, step: int) -> None:
     os._exit(1)
 
 
-# Back on the driver
+# Back in the kernel
 
 
 def load_state(checkpoint: Any, device: Any = "cpu") -> dict[str, Any]:
