@@ -1,7 +1,7 @@
 """Notebook 06's Ray Train helpers (helpers.integrations.ray_train) and its data helpers (fashion_idx.locate
-and the figures), without starting Ray: the settings check of the crash demo, the run's length and figures, the
-validation and loss all-reduced over two gloo ranks, the resume's evidence, the marks and the folder check.
-The notebook's own tests run them inside Ray Train workers."""
+and the figures), without starting Ray: the settings check of the crash demo, the run's length and figures,
+the validation and loss all-reduced over two gloo ranks, the resume's evidence, the marks and the folder
+check. The notebook's own tests run them inside Ray Train workers."""
 
 from __future__ import annotations
 
