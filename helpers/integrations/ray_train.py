@@ -132,6 +132,8 @@ def connect(cluster: str | None) -> RaySession:
 
 @dataclass
 class Clock:
+    """The seconds a `timed()` block took (NaN until it ends)."""
+
     seconds: float = math.nan
 
 
