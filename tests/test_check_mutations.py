@@ -160,11 +160,13 @@ MUTATIONS = [
              _UNSEEN_OUTPUT_DIR + "baseline = run(keep_weights=True)",
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(_NB10_SMALL), slow=True),
-    Mutation("06_ray_train_resnet", "storage_path on a disk the workers' node does not see",
-             '    config["shared"] = shared\n',
-             '    config["shared"] = shared\n    for item in shared.paths:\n        os.remove(item.marker)\n',
-             r"cannot see the folder storage_path=.*paths the ranks read or write must be on storage every",
-             dict(epochs=1, max_steps=2, fail_at_epoch=None, train_size=256, val_size=64, test_size=64),
+    Mutation("06_ray_train_resnet", "output_dir on a disk the workers' node does not see",
+             "shared=session.mark(output_dir=storage))",
+             # what a worker sees when output_dir is another node's: the folder without the kernel's mark
+             "shared=(marked := session.mark(output_dir=storage), "
+             "[Path(item.marker).unlink() for item in marked.paths])[0])",
+             r"cannot see the folder output_dir=.*paths the ranks read or write must be on storage every",
+             dict(epochs=1, max_steps=2, fail_at_epoch=None, n_train=256, n_val=64, n_test=64),
              slow=True),
     Mutation("08_unsloth_llama", "the model folder on a disk the ranks' node does not see",
              '    results = launch_with("unsloth").distributed(cfg, max_steps or -1, shared)\n',
@@ -280,11 +282,10 @@ MUTATIONS = [
              r"the loaded model does not give the evaluation's answers", dict(max_steps=100, n_test=8),
              slow=True),
     Mutation("06_ray_train_resnet", "an untrained model logged in place of the trained one",
-             "    mlflow.pytorch.save_model(model, model_uri, signature=signature, input_example=examples,",
-             "    mlflow.pytorch.save_model(make_resnet().eval(), model_uri, signature=signature, "
-             "input_example=examples,",
+             'logged = log_model(model, "06_ray_train_resnet",',
+             'logged = log_model(make_resnet().eval(), "06_ray_train_resnet",',
              r"the loaded model does not give the evaluation's answers",
-             dict(epochs=1, max_steps=16, fail_at_epoch=None, val_size=64, test_size=64), slow=True),
+             dict(epochs=1, max_steps=16, fail_at_epoch=None, n_val=64, n_test=64), slow=True),
     Mutation("07_trl_sft_gpt_oss", "a memory plan that forgets FSDP shards the model state over the ranks",
              '        estimate = model_state_bytes(own_counts, s, world_size=len(results), '
              'optimizer="sgd")\n',
@@ -357,7 +358,7 @@ MUTATIONS = [
              "        optimizer.load_state_dict(state[\"optimizer\"])\n"
              "        scheduler.load_state_dict(state[\"scheduler\"])\n",
              "",
-             r"weights not restored", dict(epochs=2, train_size=512), slow=True),
+             r"weights not restored", dict(epochs=2, n_train=512), slow=True),
 ]
 
 

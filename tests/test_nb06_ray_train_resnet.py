@@ -2,8 +2,8 @@
 
 nbval re-executes the stored notebook at its defaults: the offline data set built by helpers, a worker
 killed in epoch 2 and the run resumed from the checkpoint, the default MLflow store, a private local Ray
-instance. The scale-up run in test_scale_up.py takes the other paths: no failure, a `data_dir` holding
-FashionMNIST's IDX files at full size, `storage_path`, an MLflow store given by `tracking_uri`, 4 workers on a
+instance. The scale-up run in test_scale_up.py takes the other paths: no failure, a `data_path` holding
+FashionMNIST's IDX files at full size, `output_dir`, an MLflow store given by `tracking_uri`, 4 workers on a
 Ray cluster started outside the notebook. Here: a bad parameter refused before Ray starts, the chosen
 model registered by name with tracking on, then loaded from the registry by a fresh process, and (make
 test-cluster) the run on a Ray cluster of two nodes, the worker-loss demo included.
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.notebook
 
 def test_the_registered_model_answers_in_a_fresh_process_as_the_notebook_did(run_notebook, registry):
     _, metrics = run_notebook("06_ray_train_resnet", epochs=1, max_steps=2, fail_at_epoch=None,
-                              train_size=256, val_size=64, test_size=64, register_as="fashion-resnet")
+                              n_train=256, n_val=64, n_test=64, register_as="fashion-resnet")
     assert metrics["logged_model_uri"] == "models:/fashion-resnet/1"
     answers = [int(a) for a in metrics["logged_model_answers"].split()]
     assert greedy_answers_by_name(registry, "models:/fashion-resnet/1") == answers

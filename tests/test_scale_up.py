@@ -164,8 +164,8 @@ def _as_data_path(stand_ins: dict[str, Any]) -> dict[str, Any]:
 def _fashion(tmp: Path) -> dict[str, Any]:
     from helpers.data import fashion_idx
 
-    return dict(data_dir=str(fashion_idx.build(tmp / "fashion", train_size=60000, test_size=10000)),
-                storage_path=str(tmp / "ray-results"), tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+    return dict(data_path=str(fashion_idx.build(tmp / "fashion", train_size=60000, test_size=10000)),
+                output_dir=str(tmp / "ray-results"), tracking_uri=f"sqlite:///{tmp}/mlflow.db")
 
 
 def _gpt_oss(tmp: Path) -> dict[str, Any]:

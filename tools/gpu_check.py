@@ -140,7 +140,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
                          "and 3 hold less per rank) need 2+ ranks and were skipped"),
     NotebookCheck(
         "06_ray_train_resnet", 90, "images_per_s",
-        parameters={"epochs": 1, "max_steps": 4, "train_size": 256, "val_size": 64, "test_size": 64,
+        parameters={"epochs": 1, "max_steps": 4, "n_train": 256, "n_val": 64, "n_test": 64,
                     "fail_at_epoch": None},
         carried=NOTEBOOK_BASE,
         uncarried=("ray",),

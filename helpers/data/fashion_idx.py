@@ -4,7 +4,7 @@ Notebook 06 reads FashionMNIST with torchvision's own loader, `torchvision.datas
 download=False)`, which expects `<root>/FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte`.
 Nothing can be downloaded here, so this module draws 28×28 grey images of ten garment silhouettes (the
 FashionMNIST classes, in its label order) and writes them in exactly that layout and format. Pointing
-`data_dir` at a folder holding the real files instead changes nothing in the notebook's code.
+`data_path` at a folder holding the real files instead changes nothing in the notebook's code.
 
 The drawings vary in position, size, proportions, brightness, texture and noise, and some classes are
 close relatives as in the real data set (T-shirt / pullover / coat / shirt; sneaker / ankle boot), so
@@ -147,3 +147,83 @@ def build(root: str | Path | None = None, train_size: int = 6000, test_size: int
 
     reuse_or_build(raw, wanted, [raw / name for pair in _FILES.values() for name in pair], write)
     return root
+
+
+def idx_count(path: str | Path) -> int:
+    """The number of items an IDX file holds (its header's first size), without reading the items."""
+    with open(path, "rb") as f:
+        header = f.read(8)
+    if len(header) < 8 or header[:2] != b"\x00\x00":
+        raise ValueError(f"{path} is not an IDX file (no IDX header)")
+    return struct.unpack(">I", header[4:8])[0]
+
+
+def locate(data_path: str | Path | None, train_images: int, test_images: int) -> Path:
+    """The folder to pass to `torchvision.datasets.FashionMNIST(root, download=False)`.
+
+    `data_path` must hold the four unzipped FashionMNIST IDX files in `FashionMNIST/raw/`, with at least
+    `train_images` training and `test_images` test images (what the notebook asks for). With None, the
+    offline stand-in is built in the cache (at least 6,000 / 1,000 images, seed 0) and that folder returned.
+    """
+    if data_path is None:
+        return build(train_size=max(6000, train_images), test_size=max(1000, test_images), seed=0)
+    root = Path(data_path)
+    raw = root / "FashionMNIST" / "raw"
+    if not (raw / _FILES["train"][0]).exists():
+        raise FileNotFoundError(
+            f"data_path={str(data_path)!r} has no FashionMNIST/raw/{_FILES['train'][0]}: put the four "
+            "unzipped FashionMNIST IDX files in <data_path>/FashionMNIST/raw/, or set data_path=None for the "
+            "offline set.")
+    for split, wanted, names in (("train", train_images, "n_train + n_val"), ("test", test_images, "n_test")):
+        have = idx_count(raw / _FILES[split][0])
+        if wanted > have:
+            raise ValueError(f"{names} = {wanted} exceeds the {have:,} {split} images in {data_path}: lower "
+                             "it.")
+    return root
+
+
+def show_examples(images: np.ndarray, labels: np.ndarray, per_class: int = 2) -> None:
+    """A grid of `per_class` images of each class, titled by class."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(per_class, len(CLASSES), figsize=(10, 1.15 * per_class), squeeze=False)
+    for c in range(len(CLASSES)):
+        for row, i in enumerate(np.flatnonzero(labels == c)[:per_class]):
+            axes[row, c].imshow(images[i], cmap="gray_r")
+        for row in range(per_class):
+            axes[row, c].axis("off")
+        axes[0, c].set_title(CLASSES[c], fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+def show_predictions(images: np.ndarray, labels: np.ndarray, predictions: np.ndarray,
+                     shown: int = 12) -> None:
+    """The confusion matrix of `predictions` against `labels`, and the first `shown` images titled with their
+    predicted class (green: right, red: wrong)."""
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import confusion_matrix
+
+    matrix = confusion_matrix(labels, predictions, labels=range(len(CLASSES)))
+    accuracy = float((predictions == labels).mean())
+    fig, (ax_cm, ax_img) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1.2, 1]})
+    ax_cm.imshow(matrix, cmap="Blues")
+    for (i, j), n in np.ndenumerate(matrix):
+        if n:
+            ax_cm.text(j, i, n, ha="center", va="center", fontsize=7,
+                       color="white" if n > matrix.max() / 2 else "black")
+    ax_cm.set_xticks(range(len(CLASSES)), CLASSES, rotation=60, fontsize=7)
+    ax_cm.set_yticks(range(len(CLASSES)), CLASSES, fontsize=7)
+    ax_cm.set_xlabel("predicted")
+    ax_cm.set_ylabel("true")
+    ax_cm.set_title(f"test accuracy {accuracy:.3f}")
+    ax_img.axis("off")
+    for k in range(min(shown, len(images))):
+        sub = ax_img.inset_axes([(k % 4) / 4, 1 - (k // 4 + 1) / 3, 0.23, 0.3])
+        sub.imshow(images[k], cmap="gray_r")
+        sub.axis("off")
+        right = predictions[k] == labels[k]
+        sub.set_title(CLASSES[predictions[k]], fontsize=7, color="green" if right else "red")
+    plt.tight_layout()
+    plt.show()
+

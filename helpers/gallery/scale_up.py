@@ -44,9 +44,9 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "batch_size": 64, "lr": 2e-5, "epochs": 2, "max_length": 1024, "output_dir": "/models/llama-sft",
         "run_parity": False}),
     ScaleUp("06_ray_train_resnet", "on a Ray cluster with 8 GPUs", {
-        "cluster": "auto", "processes": 8, "data_dir": "/shared/data", "train_size": 55000,
-        "val_size": 5000, "test_size": 10000, "epochs": 20, "batch_size": 512, "lr": 0.2,
-        "fail_at_epoch": None, "storage_path": "/shared/ray-results", "tracking_uri": "http://mlflow.example:5000"}),
+        "cluster": "auto", "processes": 8, "data_path": "/shared/data", "n_train": 55000,
+        "n_val": 5000, "n_test": 10000, "epochs": 20, "batch_size": 512, "lr": 0.2,
+        "fail_at_epoch": None, "output_dir": "/shared/ray-results", "tracking_uri": "http://mlflow.example:5000"}),
     ScaleUp("07_trl_sft_gpt_oss", "on 8 GPUs, gpt-oss-120b", {
         "model_name": "openai/gpt-oss-120b", "strategy": "fsdp", "peft": "lora",
         "dataset_path": "my_chats.jsonl",
