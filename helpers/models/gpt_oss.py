@@ -216,7 +216,15 @@ def moe_sizes(configs: dict) -> dict[str, dict[str, int]]:
     return sizes
 
 
-def check_lora_targets(config, lora) -> dict:
+class LoraTargets(dict):
+    """What a LoRA configuration trains on a model: `trainable` and `total` parameters, what it `adapted`."""
+
+    def __str__(self) -> str:
+        return (f"{self['trainable']:,} trainable parameters of {self['total']:,} "
+                f"({100 * self['trainable'] / self['total']:.2f}%), adapting {self['adapted']}")
+
+
+def check_lora_targets(config, lora) -> LoraTargets:
     """Apply `lora` (a peft `LoraConfig`) to the model of `config` on the `meta` device and say what it
     trains: `trainable` and `total` parameters, and the names of what it `adapted`. A target that matches
     nothing fails here, with the names that exist, rather than inside the ranks (peft itself only fails when
@@ -251,8 +259,9 @@ def check_lora_targets(config, lora) -> dict:
     except ValueError as e:   # a target_modules entry that matches no module
         raise ValueError(f"lora_target_modules={wanted!r} matches nothing in this model ({e}); "
                          + hint) from None
-    return {"trainable": sum(p.numel() for p in adapted_model.parameters() if p.requires_grad),
-            "total": sum(p.numel() for p in adapted_model.parameters()),
-            # what was adapted: a module's name, or for the experts the parameter it wraps
-            "adapted": sorted({getattr(m, "parameter_name", None) or n.split(".")[-1]
-                               for n, m in adapted_model.named_modules() if hasattr(m, "lora_A")})}
+    return LoraTargets(
+        trainable=sum(p.numel() for p in adapted_model.parameters() if p.requires_grad),
+        total=sum(p.numel() for p in adapted_model.parameters()),
+        # what was adapted: a module's name, or for the experts the parameter it wraps
+        adapted=sorted({getattr(m, "parameter_name", None) or n.split(".")[-1]
+                        for n, m in adapted_model.named_modules() if hasattr(m, "lora_A")}))
