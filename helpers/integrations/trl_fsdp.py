@@ -453,16 +453,12 @@ class AdapterUpdates(TrainerCallback):
 
 
 @contextlib.contextmanager
-def _for_generation(model: Any) -> Iterator[None]:
-    """A GPT-OSS model as the trainer holds it, ready to answer: without the load-balancing loss (a
-    training-time term), with the KV cache, and under FSDP2 with the root module's own parameters gathered
-    (`generate` calls past the root's forward; the layers gather theirs in their forward); every FSDP group
-    back to its shards afterwards, also those that stay gathered after a forward (the output layer)."""
+def _root_gathered(model: Any) -> Iterator[None]:
+    """Under FSDP2: the root module's own parameters gathered, for `generate`, which calls past the root's
+    forward (the layers gather theirs in their forward); every FSDP group back to its shards afterwards, also
+    those that stay gathered after a forward (the output layer). Without FSDP: nothing."""
     from torch.distributed.fsdp import FSDPModule
 
-    config = model.config
-    routed, cached = config.output_router_logits, config.use_cache
-    config.output_router_logits, config.use_cache = False, True
     groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if isinstance(model, FSDPModule):
         model.unshard()
@@ -471,17 +467,33 @@ def _for_generation(model: Any) -> Iterator[None]:
     finally:
         for group in groups:
             group.reshard()
-        config.output_router_logits, config.use_cache = routed, cached
 
 
 def evaluate_gpt_oss(model: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """`helpers.integrations.sft_eval.evaluate_in_ranks` on a GPT-OSS model as the trainer holds it (under
-    FSDP2 sharded, under DDP whole): exact match, answers and held-out loss of all `rows`; every rank calls
-    it."""
-    from helpers.integrations.sft_eval import evaluate_in_ranks
+    """The in-rank evaluation of `helpers.integrations.sft_eval` on a GPT-OSS model as the trainer holds it
+    (under FSDP2 sharded, under DDP whole): the held-out loss of all `rows`, each rank's share of the greedy
+    answers gathered back in order on every rank, their exact match. Every rank calls it.
 
-    with _for_generation(model):
-        return evaluate_in_ranks(model, tokenizer, rows)
+    Without the load-balancing loss (a training-time term), with the KV cache. The loss comes first: it runs
+    the model's forward through the root module, from which FSDP2 sets itself up; `generate` on a PEFT model
+    goes straight to the layers, which would fail under FSDP2 as the first forward.
+    """
+    from helpers.integrations.sft_eval import answer_budget, exact_match, greedy_answers, prompt_texts
+    from helpers.integrations.transformers import answer_loss, gather_shares, rank_and_world, rank_share
+
+    config = model.config
+    routed, cached = config.output_router_logits, config.use_cache
+    config.output_router_logits, config.use_cache = False, True
+    try:
+        loss = answer_loss(model, tokenizer, rows, over_ranks=True)
+        mine, real = rank_share(rows)   # the same number of rows, so of generate calls, on every rank
+        with _root_gathered(model):
+            answers = greedy_answers(model, tokenizer, prompt_texts(tokenizer, mine),
+                                     answer_budget(tokenizer, rows), synced_gpus=rank_and_world()[1] > 1)
+    finally:
+        config.output_router_logits, config.use_cache = routed, cached
+    answers = gather_shares(answers, real, len(rows))
+    return {"accuracy": exact_match(answers, rows), "answers": answers, "loss": loss}
 
 
 class HeldOutEvaluation(TrainerCallback):
