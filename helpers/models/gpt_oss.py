@@ -12,7 +12,10 @@ shape, its experts quantized exactly as the real files are, with the gallery's c
     AutoModelForCausalLM.from_pretrained(folder, quantization_config=Mxfp4Config(dequantize=True))
 
 The notebook (07) builds its own tiny model in plain bf16/fp32 layout where the reader sees it; this is only
-the stand-in for the downloaded checkpoint.
+the stand-in for the downloaded checkpoint. Beside it, what notebook 07 calls on any GPT-OSS checkpoint:
+`load_options` (the `from_pretrained` keywords: eager attention, MXFP4 dequantized only where the checkpoint
+has it), `moe_sizes` (a mixture of experts counted on the meta device) and `check_lora_targets` (a LoRA
+configuration applied on the meta device: refused when a target matches nothing, counted otherwise).
 """
 
 from __future__ import annotations
