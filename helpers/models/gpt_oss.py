@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from helpers.data.builds import reuse_or_build
 from helpers.paths import cache_dir
@@ -178,7 +179,7 @@ def gpt_oss_config(vocab_size: int, tokenizer=None, *, hidden_size: int, layers:
         eos_token_id=None if tokenizer is None else tokenizer.eos_token_id, bos_token_id=None)
 
 
-def load_options(path: str, dtype=None) -> dict:
+def load_options(path: str, dtype: Any = None) -> dict[str, Any]:
     """`from_pretrained` keyword arguments for a GPT-OSS checkpoint (a folder or a hub id).
 
     GPT-OSS is trained with `attn_implementation="eager"` (its attention sinks are not in PyTorch's fused SDPA
@@ -199,7 +200,7 @@ def load_options(path: str, dtype=None) -> dict:
     return options
 
 
-def moe_sizes(configs: dict) -> dict[str, dict[str, int]]:
+def moe_sizes(configs: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Per named config, built on the `meta` device (nothing allocated, whatever its size): its parameters,
     those in the experts, those one token computes with (every expert's share but the top-k's left out), its
     layers, experts and top-k."""
@@ -227,7 +228,7 @@ class LoraTargets(dict):
                 f"({100 * self['trainable'] / self['total']:.2f}%), adapting {self['adapted']}")
 
 
-def check_lora_targets(config, lora) -> LoraTargets:
+def check_lora_targets(config: Any, lora: Any) -> LoraTargets:
     """Apply `lora` (a peft `LoraConfig`) to the model of `config` on the `meta` device and say what it
     trains: `trainable` and `total` parameters, and the names of what it `adapted`. A target that matches
     nothing fails here, with the names that exist, rather than inside the ranks (peft itself only fails when
