@@ -100,9 +100,17 @@ MUTATIONS = [
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("07_trl_sft_gpt_oss", "output_dir on storage the ranks' nodes do not see",
-             "    results = train.distributed(cfg, shared)",
-             "    os.remove(shared.paths[-1].marker)   # what a rank sees when output_dir is another node's\n"
-             "    results = train.distributed(cfg, shared)",
+             "results = train.options(shared=shared).distributed()",
+             # what a rank sees when output_dir is another node's: the launch marks it, the rank finds no mark
+             "import contextlib, os, helpers.launch\n"
+             "marking = helpers.launch.shared_paths\n"
+             "@contextlib.contextmanager\n"
+             "def marked_elsewhere(**paths):\n"
+             "    with marking(**paths) as marked:\n"
+             "        os.remove(marked.paths[-1].marker)\n"
+             "        yield marked\n"
+             "helpers.launch.shared_paths = marked_elsewhere\n"
+             "results = train.options(shared=shared).distributed()",
              r"cannot see the folder output_dir=.*storage every node reaches",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, run_parity=False), slow=True),
     Mutation("05_deepspeed_zero_sft", "the held-out loss scored on the model before fine-tuning",
@@ -287,9 +295,8 @@ MUTATIONS = [
              r"the loaded model does not give the evaluation's answers",
              dict(epochs=1, max_steps=16, fail_at_epoch=None, n_val=64, n_test=64), slow=True),
     Mutation("07_trl_sft_gpt_oss", "a memory plan that forgets FSDP shards the model state over the ranks",
-             '        estimate = model_state_bytes(own_counts, s, world_size=len(results), '
-             'optimizer="sgd")\n',
-             '        estimate = model_state_bytes(own_counts, s, world_size=1, optimizer="sgd")\n',
+             'model_state_bytes(counts, s, world_size=len(results), optimizer="sgd")',
+             'model_state_bytes(counts, s, world_size=1, optimizer="sgd")',
              r"FSDP: the ranks held .* bytes of model state, memory_plan plans", dict(max_steps=2, n_test=10),
              slow=True),
     Mutation("07_trl_sft_gpt_oss", "twice the layers in flight: more than an 80 GB GPU holds at 120B",
@@ -298,8 +305,8 @@ MUTATIONS = [
              r"the advertised gpt-oss-120b command needs .* GB a GPU by the measured figures",
              dict(processes=1, run_parity=False, max_steps=2, n_test=8), slow=True),
     Mutation("07_trl_sft_gpt_oss", "an untrained model logged in place of the fine-tuned one",
-             'components = {"model": finetuned, "tokenizer": finetuned_tokenizer}',
-             'components = {"model": AutoModelForCausalLM.from_pretrained(model_path, '
+             'to_log = {"model": finetuned, "tokenizer": finetuned_tokenizer}',
+             'to_log = {"model": AutoModelForCausalLM.from_pretrained(model_path, '
              '**load_options(model_path, eval_dtype)), "tokenizer": finetuned_tokenizer}',
              r"the loaded model does not give the evaluation's answers",
              dict(processes=1, run_parity=False, max_steps=6, n_test=16), slow=True),
@@ -320,13 +327,15 @@ MUTATIONS = [
              "    trainer = HalfTheTokens(",
              r"ZeRO stages differ from stage 0 by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("07_trl_sft_gpt_oss", "FSDP summing the ranks' gradients instead of averaging them",
-             "    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, "
-             "**kwargs):\n",
+             "    trainer.train()\n",
              # what a sum reduction does: every sharded (FSDP) gradient N times the mean; DDP's untouched
-             "    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, "
-             "**kwargs):\n"
-             "        [p.grad.mul_(args.world_size) for p in model.parameters()\n"
-             "         if p.grad is not None and hasattr(p.grad, 'to_local')]\n",
+             "    from transformers import TrainerCallback\n\n"
+             "    class SumOfRanks(TrainerCallback):\n"
+             "        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):\n"
+             "            [p.grad.mul_(args.world_size) for p in model.parameters()\n"
+             "             if p.grad is not None and hasattr(p.grad, 'to_local')]\n"
+             "    trainer.add_callback(SumOfRanks())\n"
+             "    trainer.train()\n",
              r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("08_unsloth_llama", "ranks that never all-reduce (each steps on its own gradients)",
              "            loss = super().training_step(model, inputs, num_items_in_batch)\n",

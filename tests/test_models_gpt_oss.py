@@ -1,33 +1,25 @@
-"""The MXFP4 path of notebook 07, offline.
+"""The MXFP4 path of notebook 07, offline, and the model helpers it calls.
 
 A tiny GPT-OSS folder in the layout OpenAI ships (uint8 `*_blocks` / `*_scales` experts and
-`quant_method: mxfp4` in its config) loads through the notebook's own `load_options`, is dequantized to bf16,
-and trains with LoRA on the attention and expert weights, on the CPU, in a few seconds."""
+`quant_method: mxfp4` in its config) loads through `load_options`, is dequantized to bf16, and trains with
+LoRA on the attention and expert weights, on the CPU, in a few seconds. `check_lora_targets` refuses a
+target that matches nothing before any launch; `moe_sizes` counts a mixture of experts on the meta device."""
 
 from __future__ import annotations
 
-import ast
 import json
 
 import pytest
 import torch
 
-from helpers.models.gpt_oss import FP4_VALUES, build_gpt_oss_checkpoint, quantize_mxfp4
-from helpers.paths import NOTEBOOKS_DIR
-
-
-def notebook_function(name: str):
-    """A function defined in notebook 07, compiled from the notebook's own source (the test runs its code)."""
-    nb = json.loads((NOTEBOOKS_DIR / "07_trl_sft_gpt_oss.ipynb").read_text())
-    for cell in nb["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and f"def {name}(" in source:
-            tree = ast.parse(source)
-            node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-            namespace = {"torch": torch, "AutoConfig": __import__("transformers").AutoConfig}
-            exec(compile(ast.Module([node], []), f"notebook 07: {name}", "exec"), namespace)
-            return namespace[name]
-    raise AssertionError(f"notebook 07 defines no {name}()")
+from helpers.models.gpt_oss import (
+    FP4_VALUES,
+    build_gpt_oss_checkpoint,
+    check_lora_targets,
+    load_options,
+    moe_sizes,
+    quantize_mxfp4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +60,6 @@ def test_checkpoint_has_the_published_layout(folders):
 def test_notebook_loads_mxfp4_dequantized_and_ordinary_checkpoints_plainly(folders):
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
-    load_options = notebook_function("load_options")
     options = load_options(str(folders["mxfp4"]), None)
     quantization = options["quantization_config"]
     assert isinstance(quantization, Mxfp4Config) and quantization.dequantize
@@ -88,7 +79,6 @@ def test_lora_on_attention_and_experts_trains_the_dequantized_model(folders):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    load_options = notebook_function("load_options")
     path = str(folders["mxfp4"])
     model = AutoModelForCausalLM.from_pretrained(path, **load_options(path, None))
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -113,3 +103,50 @@ def test_lora_on_attention_and_experts_trains_the_dequantized_model(folders):
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     assert seen == set(trainable), f"no gradient reached {sorted(set(trainable) - seen)[:3]}"
     assert all((trainable[n].detach() - b).abs().sum() > 0 for n, b in experts_b.items())
+
+
+def _tiny_config():
+    from helpers.models.gpt_oss import gpt_oss_config
+
+    return gpt_oss_config(40, hidden_size=64, layers=2, experts=4, experts_per_token=2)
+
+
+def _lora(**changes):
+    from peft import LoraConfig
+
+    options = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM",
+                   target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    return LoraConfig(**{**options, **changes})
+
+
+def test_lora_targets_are_counted_on_the_meta_device():
+    targets = check_lora_targets(_tiny_config(), _lora())
+    assert targets["adapted"] == ["down_proj", "gate_up_proj", "k_proj", "o_proj", "q_proj", "v_proj"]
+    assert 0 < targets["trainable"] < targets["total"]
+    assert str(targets).startswith(f"{targets['trainable']:,} trainable parameters of {targets['total']:,}")
+    only_attention = check_lora_targets(_tiny_config(),
+                                        _lora(target_modules=["q_proj"], target_parameters=[]))
+    assert only_attention["adapted"] == ["q_proj"] and only_attention["trainable"] < targets["trainable"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(target_parameters=["mlp.experts.up_proj"]), r"'mlp.experts.up_proj' matches no parameter"),
+    (dict(target_modules=["qkv_proj"]), r"lora_target_modules=\['qkv_proj'\] matches nothing"),
+    (dict(target_modules=r".*\.qkv_proj"), r"matches nothing in this model"),
+])
+def test_a_lora_target_that_matches_nothing_is_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        check_lora_targets(_tiny_config(), _lora(**changes))
+
+
+def test_moe_sizes_count_experts_and_what_a_token_computes_with():
+    config = _tiny_config()
+    sizes = moe_sizes({"tiny": config})["tiny"]
+    with torch.device("meta"):
+        from transformers import GptOssForCausalLM
+
+        model = GptOssForCausalLM(config)
+    assert sizes["parameters"] == sum(p.numel() for p in model.parameters())
+    # 2 of 4 experts a token: half the expert weights are left out of what it computes with
+    assert sizes["parameters"] - sizes["active per token"] == sizes["in experts"] // 2
+    assert (sizes["layers"], sizes["experts"], sizes["top-k"]) == (2, 4, 2)

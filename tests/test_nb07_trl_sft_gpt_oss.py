@@ -63,7 +63,7 @@ def test_bad_settings_fail_before_launch(refusals, tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     cases = {
-        "strategy='zero3': use 'ddp'": {"strategy": "zero3"},
+        "strategy='zero3': use one of 'ddp', 'fsdp'": {"strategy": "zero3"},
         "'mlp.experts.up_proj' matches no parameter": {"lora_target_parameters": ["mlp.experts.up_proj"]},
         "lora_target_modules=['qkv_proj'] matches nothing": {"lora_target_modules": ["qkv_proj"]},
         "holds a model but no tokenizer": {"model_name": str(tmp_path / "model")},
@@ -81,7 +81,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook):
     from tests.data.chat_facts import JSONL, pretrained_looking
 
     nb, metrics = run_notebook("07_trl_sft_gpt_oss", model_name=str(pretrained_looking("gpt-oss")),
-                               dataset_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
+                               data_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
                                lr=1e-3, max_length=256, run_parity=False)
     out = stream_text(nb)
     assert "your model or data: the training loss and the held-out loss fell" in out

@@ -174,7 +174,7 @@ def _gpt_oss(tmp: Path) -> dict[str, Any]:
 
     chats = build_sft_tasks("sort", n_train=256, n_test=16, root=tmp / "chats")   # as if the user's JSONL
     return dict(model_name=str(build_gpt_oss_checkpoint(tmp / "gpt-oss-120b", mxfp4=True)),
-                dataset_path=str(chats["train"]), output_dir=str(tmp / "gpt-oss-120b-lora"))
+                data_path=str(chats["train"]), output_dir=str(tmp / "gpt-oss-120b-lora"))
 
 
 def _olmo3(tmp: Path) -> dict[str, Any]:
@@ -316,7 +316,7 @@ def test_07_scale_up_mxfp4_gpt_oss_folder(run_notebook, tmp_path):
     assert (tmp_path / "gpt-oss-120b-lora" / "adapter_model.safetensors").is_file()
     assert metrics["strategy"] == "fsdp" and metrics["peft"] == "lora" and 0 <= metrics["accuracy_after"] <= 1
     out = stream_text(nb)
-    assert "'quantization_config': 'Mxfp4Config(dequantize=True)'" in out and "run_parity=False" in out
+    assert "experts: MXFP4, dequantized to bf16 when loaded" in out and "run_parity=False" in out
 
 
 @pytest.mark.notebook

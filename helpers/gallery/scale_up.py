@@ -49,7 +49,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "fail_at_epoch": None, "output_dir": "/shared/ray-results", "tracking_uri": "http://mlflow.example:5000"}),
     ScaleUp("07_trl_sft_gpt_oss", "on 8 GPUs, gpt-oss-120b", {
         "model_name": "openai/gpt-oss-120b", "strategy": "fsdp", "peft": "lora",
-        "dataset_path": "my_chats.jsonl",
+        "data_path": "my_chats.jsonl",
         "batch_size": 32, "lr": 0.0002, "epochs": 1, "max_length": 2048, "gradient_checkpointing": True,
         "run_parity": False, "output_dir": "/models/gpt-oss-120b-lora"}),
     ScaleUp("08_unsloth_llama", "on 8 GPUs, Llama 3.2 3B in 4 bits", {

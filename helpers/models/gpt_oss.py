@@ -12,13 +12,17 @@ shape, its experts quantized exactly as the real files are, with the gallery's c
     AutoModelForCausalLM.from_pretrained(folder, quantization_config=Mxfp4Config(dequantize=True))
 
 The notebook (07) builds its own tiny model in plain bf16/fp32 layout where the reader sees it; this is only
-the stand-in for the downloaded checkpoint.
+the stand-in for the downloaded checkpoint. Beside it, what notebook 07 calls on any GPT-OSS checkpoint:
+`load_options` (the `from_pretrained` keywords: eager attention, MXFP4 dequantized only where the checkpoint
+has it), `moe_sizes` (a mixture of experts counted on the meta device) and `check_lora_targets` (a LoRA
+configuration applied on the meta device: refused when a target matches nothing, counted otherwise).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from helpers.data.builds import reuse_or_build
 from helpers.paths import cache_dir
@@ -173,3 +177,95 @@ def gpt_oss_config(vocab_size: int, tokenizer=None, *, hidden_size: int, layers:
         sliding_window=sliding_window, max_position_embeddings=256, rope_scaling=None,
         tie_word_embeddings=False, pad_token_id=None if tokenizer is None else tokenizer.pad_token_id,
         eos_token_id=None if tokenizer is None else tokenizer.eos_token_id, bos_token_id=None)
+
+
+def load_options(path: str, dtype: Any = None) -> dict[str, Any]:
+    """`from_pretrained` keyword arguments for a GPT-OSS checkpoint (a folder or a hub id).
+
+    GPT-OSS is trained with `attn_implementation="eager"` (its attention sinks are not in PyTorch's fused SDPA
+    kernel). The published checkpoints store their experts in MXFP4, which a trainer cannot update:
+    `Mxfp4Config(dequantize=True)` unpacks them to bf16 while loading. It is passed only when the checkpoint's
+    config says `quant_method: mxfp4`: given to an ordinary checkpoint, transformers refuses to load it.
+    """
+    from transformers import AutoConfig
+
+    options = {"attn_implementation": "eager", "dtype": dtype}
+    quantization = getattr(AutoConfig.from_pretrained(path), "quantization_config", None) or {}
+    if not isinstance(quantization, dict):
+        quantization = quantization.to_dict()
+    if quantization.get("quant_method") == "mxfp4":
+        from transformers import Mxfp4Config
+
+        options["quantization_config"] = Mxfp4Config(dequantize=True)   # MXFP4 experts -> bf16 weights
+    return options
+
+
+def moe_sizes(configs: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per named config, built on the `meta` device (nothing allocated, whatever its size): its parameters,
+    those in the experts, those one token computes with (every expert's share but the top-k's left out), its
+    layers, experts and top-k."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sizes = {}
+    for name, config in configs.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        total = sum(p.numel() for p in model.parameters())
+        expert = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+        active = total - expert + expert * config.num_experts_per_tok // config.num_local_experts
+        sizes[name] = {"parameters": total, "in experts": expert, "active per token": active,
+                       "layers": config.num_hidden_layers, "experts": config.num_local_experts,
+                       "top-k": config.num_experts_per_tok}
+    return sizes
+
+
+class LoraTargets(dict):
+    """What a LoRA configuration trains on a model: `trainable` and `total` parameters, what it `adapted`."""
+
+    def __str__(self) -> str:
+        return (f"{self['trainable']:,} trainable parameters of {self['total']:,} "
+                f"({100 * self['trainable'] / self['total']:.2f}%), adapting {self['adapted']}")
+
+
+def check_lora_targets(config: Any, lora: Any) -> LoraTargets:
+    """Apply `lora` (a peft `LoraConfig`) to the model of `config` on the `meta` device and say what it
+    trains: `trainable` and `total` parameters, and the names of what it `adapted`. A target that matches
+    nothing fails here, with the names that exist, rather than inside the ranks (peft itself only fails when
+    no target at all matches)."""
+    import re
+
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    names = [n for n, _ in model.named_parameters()]
+    for target in lora.target_parameters or []:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            raise ValueError(f"lora_target_parameters: {target!r} matches no parameter of this model; expert "
+                             f"weights are named like {[n for n in names if '.experts.' in n][:2]}")
+    modules = [n for n, _ in model.named_modules()]
+    wanted = lora.target_modules
+    hint = "use 'all-linear' or module names such as ['q_proj', 'v_proj']."
+    if wanted != "all-linear" and wanted is not None:
+        pattern = isinstance(wanted, str)   # peft: a string is a regular expression, a list holds names
+        shown = wanted if pattern else sorted(wanted)
+        for target in [wanted] if pattern else shown:
+            if not any(re.fullmatch(target, n) if pattern else (n == target or n.endswith("." + target))
+                       for n in modules):
+                raise ValueError(f"lora_target_modules={shown!r} matches nothing in this model ({target!r}); "
+                                 + hint)
+    try:
+        with torch.device("meta"):   # the adapters too: nothing allocated, whatever the model's size
+            adapted_model = get_peft_model(model, lora)
+    except ValueError as e:   # a target_modules entry that matches no module
+        raise ValueError(f"lora_target_modules={wanted!r} matches nothing in this model ({e}); "
+                         + hint) from None
+    return LoraTargets(
+        trainable=sum(p.numel() for p in adapted_model.parameters() if p.requires_grad),
+        total=sum(p.numel() for p in adapted_model.parameters()),
+        # what was adapted: a module's name, or for the experts the parameter it wraps
+        adapted=sorted({getattr(m, "parameter_name", None) or n.split(".")[-1]
+                        for n, m in adapted_model.named_modules() if hasattr(m, "lora_A")}))
