@@ -28,8 +28,8 @@ def test_before_unsloth_sets_the_environment_and_starts_the_forkserver(monkeypat
 
     started = []
     monkeypatch.setattr(helpers.launch, "preload", lambda *modules: started.append(modules))
-    for name in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS",
-                 "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR"):
+    for name in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS",
+                 "HF_DATASETS_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")   # a user's own setting is kept
@@ -45,16 +45,18 @@ def test_plan_lora_counts_what_peft_trains_and_refuses_a_target_that_matches_not
 
     config = _tiny_llama_config()
     planned = gallery_unsloth.plan_lora(config, 4, 8, ["q_proj", "v_proj"], embeddings=True, four_bit=False)
-    assert "LoRA r=4 on ['q_proj', 'v_proj'] + embed_tokens, lm_head in full" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "LoRA r=4 on ['q_proj', 'v_proj'] + embed_tokens, lm_head in full" in printed
     torch.manual_seed(0)
     real = get_peft_model(LlamaForCausalLM(config), LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"],
-        ensure_weight_tying=True, task_type="CAUSAL_LM"))
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+        modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True))
     assert planned.trainable == real.get_nb_trainable_parameters()[0]
-    lora_only = gallery_unsloth.plan_lora(config, 4, 8, ["q_proj", "v_proj"], embeddings=False, four_bit=False)
+    lora_only = gallery_unsloth.plan_lora(config, 4, 8, ["q_proj", "v_proj"], embeddings=False,
+                                          four_bit=False)
     assert lora_only.trainable < planned.trainable   # the embeddings' full matrices are what the plan adds
-    with pytest.raises(ValueError, match=r"\['qkv_proj'\] match no module of this model; its linear layers are "
-                                         r"\['down_proj', 'gate_proj', 'k_proj', 'lm_head'"):
+    with pytest.raises(ValueError, match=r"\['qkv_proj'\] match no module of this model; its linear layers "
+                                         r"are \['down_proj', 'gate_proj', 'k_proj', 'lm_head'"):
         gallery_unsloth.plan_lora(config, 4, 8, ["q_proj", "qkv_proj"], embeddings=False, four_bit=False)
 
 
@@ -120,7 +122,8 @@ def test_measured_records_the_run_a_rank_returns(tmp_path, capsys):
         assert record == {}   # filled once training is done
         trainer.train()
     assert len(record["step_losses"]) == len(record["step_ends"]) == 3
-    assert record["step_ends"] == sorted(record["step_ends"]) and record["train_seconds"] >= record["step_ends"][-1]
+    assert record["step_ends"] == sorted(record["step_ends"])
+    assert record["train_seconds"] >= record["step_ends"][-1]
     assert record["trainable"] == record["peft_trainable"] == model.get_nb_trainable_parameters()[0]
     assert len(record["fingerprint"]) == 64 and record["four_bit"] is False and record["cuda_peak_mb"] is None
     assert record["implementations"]["MLP"][-1].endswith("LlamaMLP.forward")
@@ -132,6 +135,16 @@ def test_measured_records_the_run_a_rank_returns(tmp_path, capsys):
     with gallery_unsloth.measured(trainer, SimpleNamespace(device="cpu", is_main=False), "again") as again:
         trainer.train()
     assert again["fingerprint"] != before and "again:" not in capsys.readouterr().out   # rank 0 prints only
+
+
+def test_epoch_means_split_the_steps_even_when_a_capped_run_stops_inside_an_epoch():
+    import pandas as pd
+
+    losses = pd.Series([4.0, 2.0, 1.0, 1.0, 0.5, 0.5], index=range(1, 7))   # steps counted from 1
+    assert gallery_unsloth.epoch_means(losses, 3) == [{"epoch": 1, "train_loss": 3.0},
+                                                      {"epoch": 2, "train_loss": 1.0},
+                                                      {"epoch": 3, "train_loss": 0.5}]
+    assert [h["epoch"] for h in gallery_unsloth.epoch_means(losses[:2], 3)] == [1, 2]   # 2 steps, 3 epochs
 
 
 def test_the_comparison_launches_plain_in_fresh_processes_and_rates_the_steady_steps(capsys):
@@ -157,7 +170,8 @@ def test_the_comparison_launches_plain_in_fresh_processes_and_rates_the_steady_s
     table, speedup = gallery_unsloth.comparison_table(timed, 8)
     assert speedup == pytest.approx(2.0) and table.loc["plain", "step losses (first 3)"] == [3.0, 2.0, 1.0]
     assert gallery_unsloth.show_comparison(timed, 8) == pytest.approx(2.0)
-    assert "Unsloth ran 2.00x the samples per second of plain TRL + PEFT, over 5 steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Unsloth ran 2.00x the samples per second of plain TRL + PEFT, over 5 steps" in printed
     assert gallery_unsloth.show_comparison({}, 8) is None
     assert "compare_plain is off here" in capsys.readouterr().out
     with pytest.raises(ValueError, match="needs more than 2 steps"):

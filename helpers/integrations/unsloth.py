@@ -85,9 +85,9 @@ def plan_lora(config: Any, r: int, alpha: float, targets: Sequence[str], *, embe
                          if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"lora_target_modules: {missing} match no module of this model; its linear layers "
                          f"are {linear}.")
-    lora = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
-                      modules_to_save=list(EMBEDDINGS) if embeddings else None, ensure_weight_tying=embeddings,
-                      task_type="CAUSAL_LM")
+    lora = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), task_type="CAUSAL_LM",
+                      modules_to_save=list(EMBEDDINGS) if embeddings else None,
+                      ensure_weight_tying=embeddings)
     planned = count_parameters(config, lora=lora, load_in_4bit=bool(four_bit), name="this model")
     print(f"LoRA r={r} on {list(targets)}{' + embed_tokens, lm_head in full' if embeddings else ''}: "
           f"{planned.trainable:,} trainable parameters of {planned.total:,} "
@@ -219,6 +219,15 @@ def measured(trainer: Any, ctx: Any, label: str) -> Iterator[dict[str, Any]]:
 
 
 # ---- in the kernel, after the launch ---------------------------------------------------------------------
+
+def epoch_means(losses: Any, epochs: int) -> list[dict[str, Any]]:
+    """The mean loss of each epoch from the loss of every step (a pandas Series, in step order), as
+    `[{"epoch": 1, "train_loss": ...}, ...]`: the history a run records. A run capped by `max_steps` may stop
+    inside an epoch, so the steps are split evenly into at most `epochs` parts."""
+    per_epoch = max(1, len(losses) // epochs)
+    return [{"epoch": e + 1, "train_loss": float(losses.iloc[e * per_epoch:(e + 1) * per_epoch].mean())}
+            for e in range(min(epochs, len(losses)))]
+
 
 def show_speedups(found: Mapping[str, Sequence[str]]) -> Any:
     """Print `implementations` as a table, and return it: the outermost function of each part, the model's own
