@@ -317,8 +317,11 @@ def test_an_oversize_bundle_is_refused(tmp_path):
     with pytest.raises(gpu_bundle.BundleError, match=r"49\.0 MiB, over its budget of 48\.0 MiB.*big-1\.0"):
         gpu_bundle.check_budget(tmp_path, 48 * gpu_bundle.MIB)
     assert gpu_bundle.check_budget(tmp_path, 50 * gpu_bundle.MIB) == 49 * gpu_bundle.MIB
-    with pytest.raises(gpu_bundle.BundleError, match="over the 64 MiB a device call carries"):
+    with pytest.raises(gpu_bundle.BundleError, match="over the 64 MiB a transfer carries.*--transfer-mib"):
         gpu_bundle.check_budget(tmp_path, 50 * gpu_bundle.MIB, tree=16 * gpu_bundle.MIB)
+    # a machine that takes more: the limit is an option
+    assert gpu_bundle.check_budget(tmp_path, 50 * gpu_bundle.MIB, tree=16 * gpu_bundle.MIB,
+                                   limit=128 * gpu_bundle.MIB) == 49 * gpu_bundle.MIB
 
 
 def test_the_bundle_list_refuses_duplicates_and_what_the_machine_has():
@@ -431,6 +434,14 @@ def test_the_newest_result_of_each_notebook_is_published():
     assert "| 03_x | passed | 7.0 |" in page and "boom" not in page
     assert "| 01_y | passed | 5.0 |" in page
     assert "| 03_x | failed" in gpu_check.published_page([newer, older]), "the later report must win"
+
+
+def test_a_skip_is_published_with_the_reason_the_check_gives_now():
+    old = _report("a", [{"notebook": "06_ray_train_resnet", "status": "skipped",
+                         "notes": "skipped: an explanation the code no longer gives (missing: ray)"}])
+    page = gpu_check.published_page([old])
+    reason = next(c.uncarried_reason for c in gpu_check.CHECKS if c.name == "06_ray_train_resnet")
+    assert f"skipped: {reason} (missing: ray)" in page and "no longer gives" not in page
 
 
 def test_a_cpu_report_or_none_is_refused_before_anything_is_written(tmp_path, monkeypatch):

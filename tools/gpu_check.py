@@ -1,10 +1,11 @@
-"""One GPU check: every notebook's GPU path for a few steps, in one call, within 10 minutes on one H200.
+"""One GPU check: every notebook's GPU path for a few steps, on a GPU machine without a package index.
 
     python tools/gpu_check.py --out DIR                  # on the GPU machine (make gpu-check)
     python tools/gpu_check.py --device cpu --only 05     # the same machinery on CPU, with CPU expectations
 
-Through the device tool, once `make gpu-bundle` has filled gpu-bundle/ here: one call, carrying gpu-bundle,
-with timeout_s 600 (the check budgets 560 s in all):
+On the GPU machine, with this working tree and gpu-bundle/ (which `make gpu-bundle` fills where PyPI is
+reachable) copied there, one command runs the whole check within `--budget-s` (580 s by default;
+`--time-scale` stretches every limit for a slower machine):
 
   set -o pipefail; PYTHONUNBUFFERED=1 python3 tools/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
 
@@ -58,7 +59,7 @@ from helpers.paths import NOTEBOOKS_DIR, ROOT, names_notebook  # noqa: E402
 
 DEFAULT_BUNDLE = ROOT / "gpu-bundle"
 DEFAULT_SITE = Path(tempfile.gettempdir()) / "gpu-check-site"
-DEFAULT_BUDGET_S = 580  # the whole check, install included: one 600 s device call
+DEFAULT_BUDGET_S = 580  # the whole check, install included, on one H200 (--budget-s, --time-scale)
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 2
 MIN_START_S = 30  # a notebook is not started with less time than this left in the budget
 
@@ -99,7 +100,7 @@ NOTEBOOK_KERNEL = ("papermill", "nbclient", "nbformat", "ipykernel", "IPython", 
 NOTEBOOK_BASE = (*NOTEBOOK_KERNEL, "mlflow")
 
 # A limit is about 1.3x the notebook's time on an H200 (docs/gpu-check.md); those of the notebooks that run
-# there add up to 540 s (plus ~20 s to install the bundle and start): every notebook fits one device call.
+# there add up to 540 s (plus ~20 s to install the bundle and start): every notebook fits the default budget.
 # A notebook may also use what the ones before it left unused, never what the ones after it need.
 CHECKS: tuple[NotebookCheck, ...] = (
     NotebookCheck(
@@ -144,7 +145,8 @@ CHECKS: tuple[NotebookCheck, ...] = (
         carried=NOTEBOOK_BASE,
         uncarried=("ray",),
         uncarried_reason="needs Ray Train, which the GPU machine lacks; Ray's wheel alone "
-                         "(79 MB for 2.60.0 cp312) is more than a device call can carry (64 MiB)",
+                         "(79 MB for 2.60.0 cp312) is more than the default transfer "
+                         "(gpu_bundle.py --transfer-mib 64)",
         note_one_process="one Ray Train worker on the GPU"),
     NotebookCheck(
         "07_trl_sft_gpt_oss", 65, "samples_per_s",
@@ -156,14 +158,14 @@ CHECKS: tuple[NotebookCheck, ...] = (
     # and MLP (its "from Unsloth" column), and the plain TRL + PEFT launch it is timed against
     # (compare_plain="auto" turns it on there), whose ratio the report shows as unsloth_speedup_vs_plain.
     # Skipped where Unsloth cannot be imported: its wheel alone is 28 MB, too much beside the other notebooks'
-    # wheels in one call, so it is not in gpu-bundle/.
+    # wheels in the default transfer, so it is not in gpu-bundle/.
     NotebookCheck(
         "08_unsloth_llama", 90, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "compare_steps": 5},
         carried=(*NOTEBOOK_BASE, "trl", "datasets"),
         uncarried=("unsloth", "unsloth_zoo"),
         uncarried_reason="needs Unsloth, which the GPU machine lacks; its wheel (28 MB for 2026.10.9) does "
-                         "not fit one device call beside the other notebooks' wheels (64 MiB): run "
+                         "not fit the default transfer (64 MiB) beside the other notebooks' wheels: run "
                          "`--only 08` with unsloth and unsloth_zoo wheels carried",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); the same steps timed with plain "
                          "TRL + PEFT in fresh processes"),
@@ -171,7 +173,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
     # (Axolotl's `adapter: qlora`; the notebook checks the trained model was 4-bit; its CPU kernels run in
     # the scale-up test) and Axolotl's `bf16: auto`. The ranks run the check's own python
     # (axolotl_python="python3"), and the check is skipped where that python cannot import Axolotl: it
-    # needs its own environment (envs/axolotl, 243 packages), which no device call can carry.
+    # needs its own environment (envs/axolotl, 243 packages), far more than a transfer of wheels.
     NotebookCheck(
         "09_axolotl_olmo3", 60, "samples_per_s",
         parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
@@ -179,7 +181,7 @@ CHECKS: tuple[NotebookCheck, ...] = (
         carried=NOTEBOOK_BASE,
         uncarried=("axolotl",),
         uncarried_reason="needs Axolotl 0.13.2 in the python given as axolotl_python; its environment "
-                         "(envs/axolotl/requirements.lock) is far more than a device call can carry",
+                         "(envs/axolotl/requirements.lock) is far more than a transfer of wheels carries",
         note_one_process="DDP over 1 GPU rank (nothing to all-reduce); QLoRA on the tiny OLMo 3"),
     # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
     # profiler recording CUDA activity. The slowest there: the compile and the elastic section's CPU runs.
@@ -505,17 +507,24 @@ PUBLISHED_REPORTS = ROOT / "docs" / "gpu-check"
 
 def published_page(reports: list[dict[str, Any]]) -> str:
     """docs/gpu-check.md from the kept report.json files: each notebook's newest result (a later report wins),
-    the GPU and the versions it ran with. A device call checks a few notebooks at a time, so a page of one
-    report would show only those."""
+    the GPU and the versions it ran with. A check may run a few notebooks at a time (`--only`), so a page of
+    one report would show only those. A skipped row gives the reason the check gives now (a skip is the
+    check's decision, not a measurement), so the page never repeats a reason the code no longer states."""
     if not reports:
         raise ValueError("no GPU check report to publish: give the report.json files of `make gpu-check`")
     cpu = [r.get("device") for r in reports if r.get("device") != "cuda"]
     if cpu:
         raise ValueError(f"a report of a --device {cpu[0]} run is not a GPU result: publish only cuda runs")
     latest: dict[str, tuple[int, Result]] = {}
+    reasons = {c.name: c.uncarried_reason for c in CHECKS if c.uncarried_reason}
     for i, report in enumerate(reports):
         for row in report.get("results", []):
-            latest[row["notebook"]] = (i, Result(**row))
+            result = Result(**row)
+            if result.status == "skipped" and result.notebook in reasons:
+                missing = result.notes.rsplit("(missing: ", 1)
+                result.notes = f"skipped: {reasons[result.notebook]}" + (
+                    f" (missing: {missing[1]}" if len(missing) == 2 else "")
+            latest[row["notebook"]] = (i, result)
     names = sorted(latest)
     results = [latest[n][1] for n in names]
     used = sorted({latest[n][0] for n in names})
@@ -561,7 +570,7 @@ def publish(page: Path, report_paths: list[Path]) -> None:
 
 
 def archive(work: Path, out: Path) -> None:
-    """The executed notebooks and their logs, as one file (the device tool brings back 8 files at most)."""
+    """The executed notebooks and their logs, as one file: one thing to bring back from the GPU machine."""
     files = sorted(p for p in work.iterdir() if p.suffix in (".ipynb", ".log"))
     if not files:
         return
