@@ -66,6 +66,9 @@ _NB05_CHAT = dict(data_path=str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_
 _NB05_LOAD = ('    model = AutoModelForCausalLM.from_pretrained(model_path, dtype={"bf16": torch.bfloat16, '
               '"fp16": torch.float16}.get(precision))\n')
 
+# the shipped chat data (tests/data/chat_facts.jsonl), as notebook 08 reads it (data_path)
+_CHAT_FACTS = str(NOTEBOOKS_DIR.parent / "tests" / "data" / "chat_facts.jsonl")
+
 PRETRAINED_LOOKING = "pretrained-looking:"   # + "llama" or "gpt-oss": see _resolve
 
 MUTATIONS = [
@@ -133,16 +136,21 @@ MUTATIONS = [
              "built_in=model_name is None and data_path is None,", "built_in=True,",
              r"training loss did not fall 4x", _NB05_CHAT, slow=True),
     Mutation("08_unsloth_llama", "each rank's held-out loss of its own share only (none over the ranks)",
-             "    loss = answer_loss(model, tokenizer, rows, over_ranks=True)",
-             "    loss = answer_loss(model, tokenizer, mine)",
+             "        result.update(before=before, after=evaluate_in_ranks(trainer.model, tokenizer, "
+             "cfg[\"test_rows\"], answer=answer))\n",
+             "        from helpers.integrations.transformers import answer_loss, rank_share\n"
+             "        after = evaluate_in_ranks(trainer.model, tokenizer, cfg['test_rows'], answer=answer)\n"
+             "        own = answer_loss(trainer.model, tokenizer, rank_share(cfg['test_rows'])[0])\n"
+             "        result.update(before=before, after=dict(after, loss=own))\n",
              r"the ranks' held-out figures differ", dict(max_steps=2, n_train=64, n_test=8), slow=True),
     Mutation("08_unsloth_llama", "the base model loaded in the kernel with model_name given",
-             'print(f"the ranks evaluate {len(test_rows)} held-out conversations',
-             'base_model = AutoModelForCausalLM.from_pretrained(model_path)\n'
-             'print(f"the ranks evaluate {len(test_rows)} held-out conversations',
+             "results = fine_tune.distributed(cfg, max_steps or -1)\n",
+             "from transformers import AutoModelForCausalLM\n"
+             "base_model = AutoModelForCausalLM.from_pretrained(model_path)\n"
+             "results = fine_tune.distributed(cfg, max_steps or -1)\n",
              r"this kernel holds model weights \(\['base_model'\]\) although model_name is given",
-             dict(model_name=PRETRAINED_LOOKING + "llama", dataset_path=_NB05_CHAT["data_path"],
-                  processes=2, n_test=16, batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
+             dict(model_name=PRETRAINED_LOOKING + "llama", data_path=_CHAT_FACTS, processes=2, n_test=16,
+                  batch_size=8, epochs=1, lr=1e-3, max_length=256), slow=True),
     Mutation("02_ddp_retinanet", "the output folder on a disk the ranks' node does not see",
              "results = train.options(shared=shared).distributed(cfg, coco, coco.num_classes)",
              # the launch marks the shared paths; a rank on a node without output_dir does not see its marker
@@ -177,9 +185,18 @@ MUTATIONS = [
              dict(epochs=1, max_steps=2, fail_at_epoch=None, n_train=256, n_val=64, n_test=64),
              slow=True),
     Mutation("08_unsloth_llama", "the model folder on a disk the ranks' node does not see",
-             '    results = launch_with("unsloth").distributed(cfg, max_steps or -1, shared)\n',
-             '    for item in shared.paths:\n        os.remove(item.marker)\n'
-             '    results = launch_with("unsloth").distributed(cfg, max_steps or -1, shared)\n',
+             "results = fine_tune.distributed(cfg, max_steps or -1)\n",
+             # the launch marks the folders (its `shared` option); a rank on another node sees no marker
+             "import contextlib, os, helpers.launch\n"
+             "marks = helpers.launch.shared_paths\n"
+             "@contextlib.contextmanager\n"
+             "def unseen(**paths):\n"
+             "    with marks(**paths) as marked:\n"
+             "        for item in marked.paths:\n"
+             "            os.remove(item.marker)\n"
+             "        yield marked\n"
+             "helpers.launch.shared_paths = unseen\n"
+             "results = fine_tune.distributed(cfg, max_steps or -1)\n",
              r"cannot see the folder model=.*paths the ranks read or write must be on storage every node",
              dict(max_steps=2, n_train=64, n_test=8), slow=True),
     Mutation("09_axolotl_olmo3", "the model folder on a disk the ranks' node does not see",
@@ -273,11 +290,12 @@ MUTATIONS = [
              r"away from the memory plan's figure",
              dict(n_train=64, n_test=8, epochs=1, max_steps=2, parity_steps=2), slow=True),
     Mutation("08_unsloth_llama", "the ranks' adapters without the embeddings the plan trains in full",
-             "            target_modules=targets + full, use_gradient_checkpointing",
-             "            target_modules=targets, use_gradient_checkpointing",
+             '            target_modules=cfg["lora_target_modules"] + full, use_gradient_checkpointing',
+             '            target_modules=cfg["lora_target_modules"], use_gradient_checkpointing',
              r"the ranks' LoRA configuration is not the one planned", dict(max_steps=2, n_test=8), slow=True),
     Mutation("08_unsloth_llama", "an untrained model logged in place of the fine-tuned one",
              "merged = finetuned.merge_and_unload()",
+             "from transformers import AutoModelForCausalLM; "
              "merged = AutoModelForCausalLM.from_pretrained(model_path)",
              r"the loaded model does not give the evaluation's answers", dict(max_steps=100, n_test=8),
              slow=True),
@@ -338,9 +356,12 @@ MUTATIONS = [
              "    trainer.train()\n",
              r"FSDP and DDP losses differ by", dict(max_steps=2, n_test=10), slow=True),
     Mutation("08_unsloth_llama", "ranks that never all-reduce (each steps on its own gradients)",
-             "            loss = super().training_step(model, inputs, num_items_in_batch)\n",
+             "    trainer = with_step_losses(SFTTrainer)(",
+             "    class NoSync(SFTTrainer):\n"
+             "        def training_step(self, model, inputs, num_items_in_batch=None):\n"
              "            with model.no_sync():   # model: the DDP wrapper TRL made\n"
-             "                loss = super().training_step(model, inputs, num_items_in_batch)\n",
+             "                return super().training_step(model, inputs, num_items_in_batch)\n"
+             "    trainer = with_step_losses(NoSync)(",
              r"the ranks ended with different adapters", dict(max_steps=2, n_test=8), slow=True),
     Mutation("09_axolotl_olmo3", "LoRA alone on the random tiny model (its embeddings left frozen)",
              '    **({"lora_modules_to_save": ["embed_tokens", "lm_head"]} if embeddings else {}),\n', "",

@@ -19,7 +19,7 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs):
     cases = {
         "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
         "holds a model but no tokenizer": {"model_name": str(bad_sft_inputs.model_without_tokenizer)},
-        "line 1 has no 'messages' field": {"dataset_path": str(bad_sft_inputs.alpaca_jsonl)},
+        "line 1 has no 'messages' field": {"data_path": str(bad_sft_inputs.alpaca_jsonl)},
         "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
             {"lora_target_modules": ["q_proj", "qkv_proj"]},
         "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
@@ -41,7 +41,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook, registry):
     from tests.data.chat_facts import JSONL, pretrained_looking
 
     nb, metrics = run_notebook("08_unsloth_llama", model_name=str(pretrained_looking("llama")),
-                               dataset_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
+                               data_path=str(JSONL), processes=2, n_test=16, batch_size=8, epochs=3,
                                lr=1e-3, max_length=256, register_as="tiny-llama-chat-facts")
     out = stream_text(nb)
     assert "your model or data: the training loss and the held-out loss fell" in out
@@ -57,7 +57,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook, registry):
 @pytest.mark.cluster
 def test_on_two_nodes_one_rank_each(run_notebook, two_node_cluster):
     """On a Ray cluster of two 1-CPU nodes (`cluster` = its address): the ranks are Ray workers, one per node,
-    each checks the model folder, output_dir and the scratch folder first, and the notebook's checks pass (one
+    each checks the model folder and output_dir first, and the notebook's checks pass (one
     result per rank, DDP, the same adapter on both ranks, the trainable count planned). A few steps."""
     _, metrics = run_notebook("08_unsloth_llama", cluster=two_node_cluster.address, max_steps=5, n_train=64,
                               n_test=8)

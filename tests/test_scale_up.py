@@ -220,8 +220,9 @@ RUNS: dict[str, dict[str, Any]] = {
     "06_ray_train_resnet": dict(stand_ins=_fashion, cap=dict(max_steps=2, processes=4),
                                 why="8 Ray Train workers do not fit 2 cores; 4 share them"),
     "07_trl_sft_gpt_oss": dict(stand_ins=_gpt_oss, cap=dict(max_steps=2, n_test=8), why=""),
-    "08_unsloth_llama": dict(
-        stand_ins=_llama, cap=dict(max_steps=2, n_test=8, compare_plain=True, compare_steps=3),
+    "08_unsloth_llama": dict(   # 08 calls the user's data data_path
+        stand_ins=lambda tmp: {"data_path" if k == "dataset_path" else k: v for k, v in _llama(tmp).items()},
+        cap=dict(max_steps=2, n_test=8, compare_plain=True, compare_steps=3),
         why="not a cut: the plain TRL + PEFT comparison, on by default only on GPUs, runs here too"),
     "09_axolotl_olmo3": dict(
         stand_ins=_olmo3, cap=dict(max_steps=2, n_test=8, load_in_4bit=True),

@@ -53,7 +53,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "batch_size": 32, "lr": 0.0002, "epochs": 1, "max_length": 2048, "gradient_checkpointing": True,
         "run_parity": False, "output_dir": "/models/gpt-oss-120b-lora"}),
     ScaleUp("08_unsloth_llama", "on 8 GPUs, Llama 3.2 3B in 4 bits", {
-        "model_name": "unsloth/Llama-3.2-3B-Instruct", "dataset_path": "my_chats.jsonl", "batch_size": 16,
+        "model_name": "unsloth/Llama-3.2-3B-Instruct", "data_path": "my_chats.jsonl", "batch_size": 16,
         "lr": 0.0002, "epochs": 1, "max_length": 2048, "output_dir": "/models/llama-3.2-3b-lora"}),
     ScaleUp("09_axolotl_olmo3", "on 8 GPUs, OLMo 3 7B with QLoRA", {
         "model_name": "allenai/Olmo-3-7B-Instruct", "dataset_path": "my_chats.jsonl", "batch_size": 16,
