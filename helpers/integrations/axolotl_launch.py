@@ -8,7 +8,9 @@ interpreter (the launch option `python=`) and the gallery's Axolotl plugin (`hel
 Both environments hold the same torch, so the process group, the tensors and the adapter files mean the same
 on both sides.
 
-Nothing here imports Axolotl: the kernel cannot.
+Nothing here imports Axolotl: the kernel cannot. Imported first, it leaves out tqdm's notice that ipywidgets
+is missing, which importing transformers prints in a notebook: this kernel draws no tqdm bar (rank 0's
+progress bar comes from helpers.progress).
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from helpers.paths import ROOT
+
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 AXOLOTL_VERSION = "0.13.2"
 # The packages whose versions the two environments are compared on.
