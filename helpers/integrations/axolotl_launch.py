@@ -207,6 +207,12 @@ def train_on_ray(python: str, config_path: str | os.PathLike, cluster: str, *, p
     if run.returncode:
         raise RuntimeError(f"`axolotl train` on the Ray cluster failed (exit status {run.returncode}): its "
                            "output is above")
+    return read_records(output_dir, processes)
+
+
+def read_records(output_dir: str | os.PathLike, processes: int) -> list[dict[str, Any]]:
+    """The records the plugin's Ray workers wrote into `output_dir` (gallery-record-rank<N>.json), in rank
+    order, removed once read; RuntimeError unless every one of `processes` ranks left its own."""
     records = sorted(Path(output_dir).glob("gallery-record-rank*.json"),
                      key=lambda p: int(p.stem.rsplit("rank", 1)[1]))
     found = [json.loads(p.read_text()) for p in records]
