@@ -5,6 +5,7 @@ environment, where it is found)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -60,7 +61,7 @@ def test_axolotls_interpreter_is_found_or_the_fix_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="Axolotl's environment is not built .* `make venv-axolotl`"):
         find_interpreter(str(tmp_path / "no-venv" / "python"))
     assert Path(find_interpreter("python3")).is_file()   # a command on PATH is found there
-    assert versions_of(sys.executable, ("torch",)) == {"torch": torch.__version__}
+    assert versions_of(sys.executable, ("torch",)) == {"torch": importlib.metadata.version("torch")}
     with pytest.raises(RuntimeError, match="cannot report Axolotl's version.*PackageNotFoundError"):
         versions_of(sys.executable, ("no-such-package-here",))
 
