@@ -24,7 +24,7 @@ PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscop
 # Idle OpenMP threads spin by default and steal the cores of the other ranks on a CPU launch.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help run test test-cluster mutation unit nbval notebooks bench lint venv venv-axolotl clean-venv clean-venv-axolotl \
+.PHONY: help run test test-cluster mutation unit nbval notebooks bench docs lint venv venv-axolotl clean-venv clean-venv-axolotl \
 	lock lock-axolotl gpu-check gpu-bundle
 
 ## venv: build .venv from requirements.lock (make run and make test do it on first use)
@@ -108,6 +108,10 @@ GPU_PYTHON ?= python3
 GPU_OUT ?= runs/gpu-check
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_OUT) $(ARGS)
+
+## docs: build the documentation site into site/ (MkDocs Material, strict: a broken link fails the build)
+docs: $(STAMP)
+	$(BIN)/python tools/build_docs.py
 
 ## lint: ruff over the package, tests, benchmarks, notebooks and tools
 lint: $(STAMP)

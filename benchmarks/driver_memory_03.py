@@ -40,7 +40,7 @@ def run_shape(shape: str, work: Path) -> dict:
     else:
         users, movies = SHAPES[shape]
         data = build_movielens_shaped(work / f"data-{shape}", num_users=users, num_movies=movies)
-        params = {**cli_parameters(NOTEBOOK), **CAP, "data_dir": str(data.ratings_csv.parent),
+        params = {**cli_parameters(NOTEBOOK), **CAP, "data_path": str(data.ratings_csv.parent),
                   "mds_dir": str(work / f"mds-{shape}"), "tracking_uri": None}
     start = time.perf_counter()
     nb = execute_notebook(NOTEBOOKS_DIR / f"{NOTEBOOK}.ipynb", work / f"{NOTEBOOK}-{shape}.ipynb", params)

@@ -22,7 +22,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(installer: str, where: Path) -> tuple[float, dict[str, str]]:
+def folder_size(folder: Path) -> int:
+    """Bytes on disk of a folder's files (hard links counted once)."""
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            if (stat.st_dev, stat.st_ino) not in seen:
+                seen.add((stat.st_dev, stat.st_ino))
+                total += stat.st_blocks * 512
+    return total
+
+
+def build(installer: str, where: Path) -> tuple[float, dict[str, str], int]:
     venv = where / f"venv-{installer}"
     env = dict(os.environ, UV_CACHE_DIR=str(where / "uv-cache"), PIP_NO_CACHE_DIR="1")
     env.pop("VIRTUAL_ENV", None)
@@ -60,7 +72,7 @@ def build(installer: str, where: Path) -> tuple[float, dict[str, str]]:
     packages = dict(line.split("==", 1) for line in listing)
     for tool in ("pip", "setuptools", "uv", "wheel"):  # the installers themselves differ, by design
         packages.pop(tool, None)
-    return seconds, packages
+    return seconds, packages, folder_size(venv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,15 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         for installer in [args.only] if args.only else ["uv", "pip"]:
-            seconds, packages = build(installer, where)
-            results[installer] = (seconds, packages)
-            print(f"{installer:>4}: {seconds:6.1f} s, {len(packages)} packages", flush=True)
-        lines = ["From requirements.lock, an empty package cache each.", "",
-                 "| installer | seconds | packages |", "|---|---:|---:|"]
-        lines += [f"| {name} | {seconds:.1f} | {len(packages)} |"
-                  for name, (seconds, packages) in results.items()]
+            seconds, packages, size = build(installer, where)
+            results[installer] = (seconds, packages, size)
+            print(f"{installer:>4}: {seconds:6.1f} s, {len(packages)} packages, {size / 1e9:.1f} GB",
+                  flush=True)
+        lines = ["From requirements.lock, an empty package cache each; the environment's size on disk.", "",
+                 "| installer | seconds | packages | disk (GB) |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {seconds:.1f} | {len(packages)} | {size / 1e9:.1f} |"
+                  for name, (seconds, packages, size) in results.items()]
         if len(results) == 2:
-            (uv_s, uv_p), (pip_s, pip_p) = results["uv"], results["pip"]
+            (uv_s, uv_p, _), (pip_s, pip_p, _) = results["uv"], results["pip"]
             differ = sorted(k for k in set(uv_p) | set(pip_p) if uv_p.get(k) != pip_p.get(k))
             lines += ["", f"pip / uv: {pip_s / uv_s:.1f}x; same packages and versions: {not differ}"
                       + (f" (differ: {differ[:10]})" if differ else "")]

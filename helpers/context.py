@@ -13,6 +13,8 @@ NODE_ENV = "HELPERS_NODE_ID"
 
 @dataclass(frozen=True)
 class WorkerContext:
+    """A rank's place in the job (see `worker_context`): pass `backend` and `device` to the torch calls."""
+
     rank: int
     local_rank: int
     world_size: int

@@ -302,6 +302,15 @@ def model_state_bytes(counts: ParamCounts, technique: str, world_size: int,
     return MemoryEstimate(technique, n, (w + 2 * t) / n, 0.0, 0.0, gathered=counts.gathered_bytes, cpu=cpu)
 
 
+def fsdp_with_layers_in_flight(counts: ParamCounts, estimate: MemoryEstimate, layers: float) -> float:
+    """GPU bytes of FSDP's model state when `layers` layers' worth are gathered at once, beside the sharded
+    state and the root's embeddings and head: what a measured count of layers in flight
+    (benchmarks/llm_memory.py, under expert LoRA) makes of the plan's one gathered layer."""
+    if estimate.technique != "fsdp":
+        raise ValueError(f"layers in flight are FSDP's; this estimate is {estimate.technique!r}")
+    return estimate.sharded_state + counts.outside_bytes + layers * counts.block_bytes
+
+
 def which_technique(counts: ParamCounts, world_size: int, gpu_gb: float, headroom: float = DEFAULT_HEADROOM,
                     optimizer: str = "adamw", cpu_gb: float | None = None) -> Advice:
     """The simplest technique whose model state fits each GPU, keeping `headroom` of it for activations.

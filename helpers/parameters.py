@@ -50,11 +50,44 @@ def parameters_from_history(sources: Iterable[str]) -> dict[str, Any]:
     return values
 
 
-def parameters_as_run() -> dict[str, Any]:
-    """This notebook run's parameters, read from the kernel's input history; {} outside an IPython kernel.
+_snapshot: dict[str, Any] | None = None   # the first namespace reading, where the kernel keeps no history
 
-    Call it on the driver (the notebook), after the parameters cell ran.
+
+def _is_literal(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_literal(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_literal(v) for k, v in value.items())
+    return False
+
+
+def parameters_from_namespace(namespace: dict[str, Any], hidden: Iterable[str] = ()) -> dict[str, Any]:
+    """The parameters from a kernel's namespace, where no input history was kept (nbval executes cells with
+    `store_history=False`): the parameters cell is the first cell, so its names are the first the notebook
+    defined (a namespace keeps the order names were first set, and papermill's values replace them in place),
+    up to the first name of the next cell, an import or a function, which is no plain literal."""
+    values: dict[str, Any] = {}
+    skip = set(hidden)
+    for name, value in namespace.items():
+        if name in skip or name.startswith("_"):
+            continue
+        if not _is_literal(value):
+            break
+        values[name] = value
+    return values
+
+
+def parameters_as_run() -> dict[str, Any]:
+    """This notebook run's parameters, read from the kernel; {} outside an IPython kernel.
+
+    From the kernel's input history where it keeps one (Jupyter, papermill); else from the order of its
+    namespace, read once, at the first call (the settings check right after the imports: before any cell could
+    change a parameter's value), and that reading returned from then on. Call it in the kernel, after the
+    parameters cell ran.
     """
+    global _snapshot
     try:
         from IPython import get_ipython
     except ImportError:
@@ -62,4 +95,9 @@ def parameters_as_run() -> dict[str, Any]:
     shell = get_ipython()
     if shell is None:
         return {}
-    return parameters_from_history(shell.user_ns.get("In", []))
+    found = parameters_from_history(shell.user_ns.get("In", []))
+    if found:
+        return found
+    if _snapshot is None:
+        _snapshot = parameters_from_namespace(shell.user_ns, shell.user_ns_hidden)
+    return dict(_snapshot)

@@ -19,6 +19,7 @@ from helpers.env import temporary_environ
 from helpers.gallery import __main__ as cli
 from helpers.gallery.execute import execute_notebook
 from helpers.gallery.notebook_io import read_metrics
+from tests.browser import browser  # noqa: F401  (a fixture: a headless chromium)
 from tests.support import LIVE_CLUSTERS, RecordingView, make_notebooks, notebook_path
 
 

@@ -58,10 +58,11 @@ MUTATIONS = [
              "    if ctx.rank == ctx.world_size - 1 and ctx.attempt == 0:", "    if False:",
              r"every rank should finish on attempt 1", dict(max_steps=5), slow=True),
     Mutation("03_lightning_two_tower_mds", "Lightning in its own environment, not torch elastic's",
-             '        placement = dict(devices=ctx.local_world_size, num_nodes=1, strategy="ddp")',
+             '        placement = ray_placement() if on_ray else dict(devices=ctx.local_world_size, '
+             'num_nodes=1, strategy="ddp")',
              "        from lightning.pytorch.plugins.environments import LightningEnvironment\n"
-             '        placement = dict(devices=ctx.local_world_size, num_nodes=1, strategy="ddp", '
-             "plugins=[LightningEnvironment()])",
+             '        placement = ray_placement() if on_ray else dict(devices=ctx.local_world_size, '
+             'num_nodes=1, strategy="ddp", plugins=[LightningEnvironment()])',
              r"on this machine it must run DDPStrategy in TorchElasticEnvironment",
              _NB03_SMALL,
              slow=True),
@@ -222,10 +223,10 @@ MUTATIONS = [
              "input_example=examples,",
              r"the loaded model does not give the evaluation's answers", _NB10_SMALL, slow=True),
     Mutation("03_lightning_two_tower_mds", "an untrained model logged in place of the trained one",
-             "    mlflow.pytorch.save_model(recommender, model_uri, signature=signature, "
-             "input_example=example_users,",
-             "    mlflow.pytorch.save_model(Recommender(TwoTower(**tables, embed_dim=embed_dim)).eval(), "
-             "model_uri, signature=signature, input_example=example_users,",
+             'logged = log_model(Recommender(model).eval(), "03_lightning_two_tower_mds", '
+             'examples=example_users,',
+             "logged = log_model(Recommender(TwoTower(**tables, embed_dim=embed_dim)).eval(), "
+             '"03_lightning_two_tower_mds", examples=example_users,',
              r"the loaded model does not give the evaluation's top 10",
              _NB03_SMALL,
              slow=True),
@@ -290,8 +291,8 @@ MUTATIONS = [
              "        (loss * ctx.world_size).backward()",
              r"1 and 2 processes differ by", dict(epochs=1, max_steps=2), slow=True),
     Mutation("03_lightning_two_tower_mds", "the ranks' gradients summed instead of averaged",
-             "        self.step_losses.append(loss.item())\n        return loss\n",
-             "        self.step_losses.append(loss.item())\n        return loss * self.trainer.world_size\n",
+             "        return loss\n\n    def validation_step",
+             "        return loss * self.trainer.world_size\n\n    def validation_step",
              r"2 DDP ranks and 1 accumulating process differ by", dict(epochs=1, max_steps=4), slow=True),
     Mutation("05_deepspeed_zero_sft", "ZeRO 1-3 normalising by half the tokens (steps twice the size)",
              "            loss = super().training_step(model, inputs, num_items_in_batch)",

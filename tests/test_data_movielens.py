@@ -17,10 +17,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers.data import movielens
 from helpers.data.movielens import (
     GENRES,
     MovieLensFormatError,
     build_movielens,
+    movielens_files,
+    prepare_interactions,
     read_movielens,
     split_by_time,
     validate_ratings,
@@ -89,6 +92,53 @@ def test_short_histories_stay_in_training():
     assert list(test.movieId) == [11, 12, 13]  # the latest three
 
 
+def test_prepare_interactions_indexes_and_builds_features_from_training_only(small):
+    ratings, movies = read_movielens(small.ratings_csv, small.movies_csv)
+    data = prepare_interactions(ratings, movies, holdout=3)
+    assert len(data.train) + len(data.test) == len(ratings)
+    assert (data.user_ids[data.train.user] == data.train.userId).all()         # indices map back to the ids
+    assert (data.movie_ids[data.test.movie] == data.test.movieId).all()
+    assert data.movie_genres.shape == (len(movies), len(data.genres))
+    assert data.movie_genres.dtype == data.user_genres.dtype == np.float32
+    assert set(data.movie_genres.ravel()) <= {0.0, 1.0}
+    np.testing.assert_allclose(data.user_genres.sum(1), 1.0, rtol=1e-6)        # shares of the user's genres
+    assert (data.item_counts == np.bincount(data.train.movie, minlength=len(movies))).all()
+    # the profile counts training movies only: a user's held-out movies do not move it
+    user = data.test.user.iloc[0]
+    mine = data.train[data.train.user == user].movie.to_numpy()
+    expected = data.movie_genres[mine].sum(0) / data.movie_genres[mine].sum()
+    np.testing.assert_allclose(data.user_genres[user], expected, rtol=1e-6)
+    samples = data.training_samples()
+    assert list(samples.columns) == ["row", "user", "movie", "rating", "timestamp", "user_genres",
+                                     "movie_genres"]
+    assert (samples.row == np.arange(len(data.train))).all() and samples.user.dtype == np.int32
+    np.testing.assert_array_equal(samples.movie_genres.iloc[5], data.movie_genres[data.train.movie.iloc[5]])
+
+
+def test_prepare_interactions_refuses_a_leaky_split(small, monkeypatch):
+    """A split that held out an earlier interaction (or repeated a training pair) is refused."""
+    ratings, movies = read_movielens(small.ratings_csv, small.movies_csv)
+    train, test = split_by_time(ratings, holdout=3)
+    leaky = pd.concat([train, test.iloc[:1]], ignore_index=True)   # a held-out pair also in training
+    monkeypatch.setattr(movielens, "split_by_time", lambda r, holdout: (leaky, test))
+    with pytest.raises(AssertionError, match="also appears in training"):
+        prepare_interactions(ratings, movies)
+    early = test.assign(timestamp=test.timestamp - 10**9)            # held out before the user's training
+    monkeypatch.setattr(movielens, "split_by_time", lambda r, holdout: (train, early))
+    with pytest.raises(AssertionError, match="precedes its user's training"):
+        prepare_interactions(ratings, movies)
+
+
+def test_movielens_files_names_what_is_missing(tmp_path, small):
+    assert movielens_files(small.ratings_csv.parent).movies_csv == small.movies_csv
+    (tmp_path / "only-ratings").mkdir()
+    (tmp_path / "only-ratings" / "ratings.csv").write_text(small.ratings_csv.read_text())
+    with pytest.raises(FileNotFoundError, match="has no movies.csv: point it at an unzipped MovieLens"):
+        movielens_files(tmp_path / "only-ratings")
+    with pytest.raises(FileNotFoundError, match="has no ratings.csv or movies.csv"):
+        movielens_files(tmp_path / "nowhere")
+
+
 def test_missing_columns_fail_before_any_mds(tmp_path, small):
     bad = pd.read_csv(small.ratings_csv).drop(columns="timestamp").rename(columns={"userId": "user_id"})
     bad_csv = tmp_path / "ratings.csv"
@@ -152,6 +202,16 @@ def test_mds_written_then_reused_or_replaced_never_mixed(tmp_path):
     assert rebuilt.replaced and not rebuilt.reused
 
 
+def test_mds_info_counts_batches_and_shows_the_index(tmp_path):
+    info = write_mds(_samples(50), tmp_path / "mds", COLUMNS, size_limit=1024)
+    assert info.batches(8) == 7 and info.batches(50) == 1 and info.batches(49) == 2   # the last may be short
+    index = json.loads(info.index_summary())
+    assert index["version"] == 2
+    assert index["shards[0]"]["column_encodings"][index["shards[0]"]["column_names"].index("genres")] == \
+        "ndarray:float32:3"
+    assert index["shards[0]"]["compression"] == "zstd"
+
+
 def test_foreign_directory_is_never_deleted(tmp_path):
     out = tmp_path / "mds"
     out.mkdir()
@@ -181,7 +241,7 @@ def test_shards_read_back_with_streaming(tmp_path):
 def _kill_a_reader(tmp_path, folder: str) -> set[str]:
     """Run a StreamingDataset on `folder` and kill it hard, with its resource tracker (as when a job's process
     group is killed); returns the /dev/shm segments it left behind."""
-    from helpers.data.streaming_cleanup import streaming_segments
+    from helpers.integrations.streaming import streaming_segments
 
     write_mds(_samples(64), tmp_path / folder, COLUMNS, size_limit=1024)
     before = set(streaming_segments())
@@ -203,7 +263,7 @@ def _kill_a_reader(tmp_path, folder: str) -> set[str]:
 
 def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
     """A hard-killed reader's /dev/shm segments would break the next run; Streaming's own cleanup removes them
-    (and everyone else's: notebook 03 uses helpers.data.streaming_cleanup, tested below)."""
+    (and everyone else's: notebook 03 uses helpers.integrations.streaming, tested below)."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this system")
     leaked = _kill_a_reader(tmp_path, "mds")
@@ -213,11 +273,11 @@ def test_crashed_reader_is_cleaned_by_clean_stale_shared_memory(tmp_path):
 
 
 def test_leftovers_are_cleaned_and_a_live_run_keeps_its_segments(tmp_path):
-    """Notebook 03's cleanup (helpers.data.streaming_cleanup) removes what a killed reader left and leaves the
+    """Notebook 03's cleanup (helpers.integrations.streaming) removes what a killed reader left and leaves the
     segments of a reader still running alone: Streaming's clean_stale_shared_memory() unlinks those too."""
     if not os.path.isdir("/dev/shm") or not os.path.isdir("/proc"):
         pytest.skip("no /dev/shm or /proc on this system")
-    from helpers.data.streaming_cleanup import clean_streaming_leftovers, streaming_segments
+    from helpers.integrations.streaming import clean_streaming_leftovers, streaming_segments
 
     leaked = _kill_a_reader(tmp_path, "crashed")
     before = set(streaming_segments()) - leaked

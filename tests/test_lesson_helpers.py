@@ -24,6 +24,17 @@ def test_parameters_are_the_first_literal_cell_then_what_papermill_injected():
     assert parameters_from_history(["import os"]) == {}
 
 
+def test_without_history_the_parameters_are_the_first_names_the_notebook_set():
+    """nbval runs cells with store_history=False: the namespace's order stands in for the history."""
+    from helpers.parameters import parameters_from_namespace
+
+    namespace = {"In": [], "_": None, "__name__": "__main__", "processes": "auto", "seed": 3,
+                 "targets": ["q_proj"], "os": __import__("os"), "later": 1}
+    assert parameters_from_namespace(namespace, hidden={"In"}) == {"processes": "auto", "seed": 3,
+                                                                   "targets": ["q_proj"]}
+    assert parameters_from_namespace({"os": namespace["os"], "x": 1}) == {}
+
+
 def test_settings_are_refused_with_the_fix(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     good = {"processes": 2, "epochs": 2, "batch_size": 32, "lr": 1e-3, "precision": "auto", "max_steps": None,

@@ -50,7 +50,7 @@ def test_bad_parameters_are_refused_before_any_launch(refusals):
     """A step cap of 0 and a loop of no steps: each fails with a message naming the fix, and no rank ran."""
     zero_cap, no_steps = refusals(STEM, {"max_steps": 0}, {"steps": 0})
     assert "max_steps=0: set a whole number of steps" in zero_cap.error
-    assert no_steps.error == "ValueError: steps=0: set a whole number of steps >= 1."
+    assert no_steps.error == "ValueError: steps=0: use a whole number of 1 or more."
     assert "[rank" not in zero_cap.output + no_steps.output   # nothing was launched
 
 

@@ -70,8 +70,8 @@ def test_bad_ratings_fail_before_any_mds(refusals, tmp_path):
     (bad_column / "movies.csv").write_text(good.movies_csv.read_text())
     (no_movies / "ratings.csv").write_text(good.ratings_csv.read_text())
     column, movies = refusals("03_lightning_two_tower_mds",
-                              dict(data_dir=str(bad_column), mds_dir=str(tmp_path / "mds")),
-                              dict(data_dir=str(no_movies), mds_dir=str(tmp_path / "mds")))
+                              dict(data_path=str(bad_column), mds_dir=str(tmp_path / "mds")),
+                              dict(data_path=str(no_movies), mds_dir=str(tmp_path / "mds")))
     assert "missing column(s) ['userId']" in column.error
     assert "has no movies.csv" in movies.error
     assert not (tmp_path / "mds").exists(), "MDS shards were written from bad input"

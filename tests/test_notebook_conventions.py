@@ -32,7 +32,6 @@ def test_step_cap_parameter(path):
 
 
 LAUNCHES = (".distributed(", "TorchTrainer(")
-CHECKS_MAX_STEPS = ("check_max_steps(max_steps", "check_settings(parameters_as_run()")
 
 
 def _first_launch_cell(cells: list) -> int:
@@ -42,14 +41,14 @@ def _first_launch_cell(cells: list) -> int:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_step_cap_is_checked_before_the_first_launch(path):
-    """A bad `max_steps` (0, -1, 2.5) is refused by `check_max_steps` (itself, or inside
-    `helpers.settings.check_settings`) before anything is launched: notebook 01's papermill test shows the
-    message, and this, that every other notebook calls it early enough."""
+    """A bad `max_steps` (0, -1, 2.5) is refused before anything is launched, by `check_settings` (which
+    checks every parameter of the vocabulary) or `check_max_steps`: notebook 01's papermill test shows the
+    message, and this, that every other notebook calls one of them early enough."""
     cells = nbformat.read(str(path), as_version=4).cells
-    checked = [i for i, c in enumerate(cells)
-               if c.cell_type == "code" and any(k in c.source for k in CHECKS_MAX_STEPS)]
-    assert checked, "call helpers.step_cap.check_max_steps(max_steps) before the first launch"
-    assert checked[0] < _first_launch_cell(cells), "check_max_steps(max_steps) comes after the first launch"
+    checked = [i for i, c in enumerate(cells) if c.cell_type == "code"
+               and ("check_max_steps(max_steps" in c.source or "check_settings(" in c.source)]
+    assert checked, "call helpers.settings.check_settings(parameters_as_run()) before the first launch"
+    assert checked[0] < _first_launch_cell(cells), "the settings check comes after the first launch"
 
 
 # One name per meaning across the gallery: each name, and the names no notebook may use for that meaning.

@@ -145,7 +145,7 @@ def _movielens(tmp: Path) -> dict[str, Any]:
     from helpers.data.movielens import build_movielens_shaped
 
     files = build_movielens_shaped(tmp / "ml-25m-shaped")
-    return dict(data_dir=str(files.ratings_csv.parent), tracking_uri=f"sqlite:///{tmp}/mlflow.db",
+    return dict(data_path=str(files.ratings_csv.parent), tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                 mds_dir=str(tmp / "mds"))
 
 

@@ -1,28 +1,30 @@
 """Build gpu-bundle/: the wheels the GPU machine lacks, for `make gpu-check` to carry there.
 
-The GPU machine (GUIDE.md section 5; KINDS.md of the device tool) has Python 3.12, torch 2.11 (CUDA 13),
-torchvision 0.26, transformers 5.17, lightning 2.6, torchmetrics 1.9, accelerate, peft, pandas, pyarrow,
-matplotlib, scikit-learn and more, but no package registry: what the notebooks need beyond that travels
-with the call, as wheels, and the whole call (working tree + wheels) may carry 64 MiB. So this script
-downloads exactly the wheels in `BUNDLE` below (`pip download --no-deps`, for cp312 manylinux x86_64), each
-one a package the machine lacks, with the reason it is needed; full dependency resolution is not used,
-because it drags in torch, boto3, google-cloud, azure... that are either there already or never imported.
-DeepSpeed is published as a source distribution only: it is built here into a pure-Python wheel
-(`DS_BUILD_OPS=0`: no compiled ops; DeepSpeed JIT-compiles an op only where a run asks for one, and
-notebook 05 asks for none), and the script checks that the wheel is tagged `py3-none-any`.
+The GPU check is for a GPU machine without a package index: one that has Python, torch with CUDA and the
+common scientific stack (`DEVICE_HAS` below lists what the machine it was written for has: Python 3.12,
+torch 2.11 (CUDA 13), torchvision 0.26, transformers 5.17, lightning 2.6, torchmetrics 1.9, accelerate,
+peft, pandas, pyarrow, matplotlib, scikit-learn and more), but cannot install packages. What the notebooks
+need beyond that travels with the working tree, as wheels, and a transfer may be limited in size
+(`--transfer-mib`, 64 MiB by default: working tree and wheels together). So this script downloads exactly
+the wheels in `BUNDLE` below (`pip download --no-deps`, for cp312 manylinux x86_64), each one a package the
+machine lacks, with the reason it is needed; full dependency resolution is not used, because it drags in
+torch, boto3, google-cloud, azure... that are either there already or never imported. DeepSpeed is published
+as a source distribution only: it is built here into a pure-Python wheel (`DS_BUILD_OPS=0`: no compiled ops;
+DeepSpeed JIT-compiles an op only where a run asks for one, and notebook 05 asks for none), and the script
+checks that the wheel is tagged `py3-none-any`.
 
-Not carried, so notebook 06 (Ray Train) is reported skipped there: Ray (its manylinux wheel alone is
-79 MB for 2.60.0 cp312, over the whole 64 MiB). Of MLflow, only `mlflow-skinny` travels: the notebooks save
-and load their trained model with it, and the gallery's tracking is off in the check
-(`GALLERY_TRACKING=off`), so the tracking server's stack (the `mlflow` distribution, SQLAlchemy, alembic) is
-never imported.
+Not carried at the default sizes, so notebook 06 (Ray Train) is reported skipped there: Ray (its manylinux
+wheel alone is 79 MB for 2.60.0 cp312, over the whole default transfer). Of MLflow, only `mlflow-skinny`
+travels: the notebooks save and load their trained model with it, and the gallery's tracking is off in the
+check (`GALLERY_TRACKING=off`), so the tracking server's stack (the `mlflow` distribution, SQLAlchemy,
+alembic) is never imported.
 
-    python tools/gpu_bundle.py [--dest gpu-bundle] [--budget-mib 48]
+    python tools/gpu_bundle.py [--dest gpu-bundle] [--budget-mib 48] [--transfer-mib 64]
 
 Writes `gpu-bundle/*.whl` and `gpu-bundle/manifest.json` (name, version, file, bytes, why), prints the
-total, and exits non-zero with a clear message when the bundle is over its budget or when the working
-tree plus the bundle would not fit the 64 MiB a device call carries. Wheels already in the folder are
-reused (a re-run downloads nothing); wheels of other versions or packages are removed.
+total, and exits non-zero with a clear message when the bundle is over its budget or when the working tree
+plus the bundle would not fit the transfer limit. Wheels already in the folder are reused (a re-run
+downloads nothing); wheels of other versions or packages are removed.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DEST = ROOT / "gpu-bundle"
 MIB = 2**20
-TRANSFER_LIMIT = 64 * MIB  # what one device call carries: the working tree plus carried paths
+TRANSFER_LIMIT = 64 * MIB  # the default most one transfer to the GPU machine carries: working tree + bundle
 DEFAULT_BUDGET_MIB = 48  # for the bundle alone, leaving room for the working tree and its growth
 
 PYTHON_VERSION = "3.12"
@@ -142,7 +144,7 @@ BUNDLE: tuple[Wheel, ...] = (
 
 BUILT_FROM_SDIST = {"deepspeed"}
 
-# What the machine already has (KINDS.md's package list, 2026-11): never carried, so the machine's
+# What the GPU machine the check was written for already has: never carried, so the machine's
 # builds (its CUDA torch above all) are the ones that run.
 DEVICE_HAS = frozenset("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
@@ -167,7 +169,7 @@ uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 
 # Not carried, with the reason the check reports.
 NOT_CARRIED = {
-    "ray": "Ray's manylinux wheel alone (79 MB for 2.60.0 cp312) is more than a device call carries (64 MiB)",
+    "ray": "Ray's manylinux wheel alone (79 MB for 2.60.0 cp312) is more than the default transfer (64 MiB)",
     "mlflow": "the tracking server and UI: tracking is off in the check (GALLERY_TRACKING=off); the mlflow "
               "package the notebooks use comes with mlflow-skinny, which is carried",
 }
@@ -215,7 +217,8 @@ def check_list(bundle: tuple[Wheel, ...] = BUNDLE) -> None:
 
 
 def tree_bytes(root: Path = ROOT) -> int:
-    """Bytes of what a device call sends besides carried paths: tracked and untracked-not-ignored files."""
+    """Bytes of the working tree a transfer sends besides the bundle: tracked and untracked-not-ignored
+    files."""
     try:
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
                               "--exclude-standard"], capture_output=True, check=True).stdout
@@ -232,7 +235,7 @@ def tree_bytes(root: Path = ROOT) -> int:
 def check_budget(dest: Path, budget_bytes: int, tree: int = 0,
                  limit: int = TRANSFER_LIMIT) -> int:
     """The bundle's size in bytes; BundleError when it is over `budget_bytes` or, with the working tree
-    (`tree` bytes), over what a device call carries (`limit`)."""
+    (`tree` bytes), over what one transfer carries (`limit`)."""
     files = sorted(p for p in Path(dest).iterdir() if p.is_file())
     total = sum(p.stat().st_size for p in files)
     if total > budget_bytes:
@@ -240,14 +243,15 @@ def check_budget(dest: Path, budget_bytes: int, tree: int = 0,
         listing = ", ".join(f"{p.name} ({p.stat().st_size / MIB:.1f} MiB)" for p in largest)
         raise BundleError(
             f"gpu_bundle: the bundle is {total / MIB:.1f} MiB, over its budget of "
-            f"{budget_bytes / MIB:.1f} MiB (a device call carries {limit / MIB:.0f} MiB with the working "
+            f"{budget_bytes / MIB:.1f} MiB (a transfer carries {limit / MIB:.0f} MiB with the working "
             f"tree). Largest: {listing}. Drop a package from BUNDLE (and report its notebook skipped), "
             "or raise --budget-mib if the tree leaves room.")
     if total + tree > limit:
         raise BundleError(
             f"gpu_bundle: the bundle ({total / MIB:.1f} MiB) and the working tree ({tree / MIB:.1f} MiB) "
-            f"make {(total + tree) / MIB:.1f} MiB, over the {limit / MIB:.0f} MiB a device call carries. "
-            "Make the tree smaller (untracked files count) or the bundle.")
+            f"make {(total + tree) / MIB:.1f} MiB, over the {limit / MIB:.0f} MiB a transfer carries. "
+            "Make the tree smaller (untracked files count) or the bundle, or raise --transfer-mib if the "
+            "machine takes more.")
     return total
 
 
@@ -299,7 +303,7 @@ def build_from_sdist(wheel: Wheel, dest: Path, python: str) -> Path:
         return target
 
 
-def build(dest: Path, budget_bytes: int, python: str = sys.executable,
+def build(dest: Path, budget_bytes: int, python: str = sys.executable, limit: int = TRANSFER_LIMIT,
           bundle: tuple[Wheel, ...] = BUNDLE) -> dict:
     check_list(bundle)
     dest.mkdir(parents=True, exist_ok=True)
@@ -332,7 +336,7 @@ def build(dest: Path, budget_bytes: int, python: str = sys.executable,
                     "bytes": files[normalize(w.name)].stat().st_size, "why": w.why} for w in bundle],
     }
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    total = check_budget(dest, budget_bytes, tree_bytes())
+    total = check_budget(dest, budget_bytes, tree_bytes(), limit)
     manifest["total_bytes"] = total
     return manifest
 
@@ -344,19 +348,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="the most the bundle may weigh (default %(default)s MiB)")
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter whose pip downloads (and which builds DeepSpeed: needs torch)")
+    parser.add_argument("--transfer-mib", type=float, default=TRANSFER_LIMIT / MIB,
+                        help="the most one transfer to the GPU machine carries, working tree and bundle "
+                             "(default %(default)s MiB)")
     parser.add_argument("--check-only", action="store_true", help="only check the existing bundle's size")
     args = parser.parse_args(argv)
-    budget = int(args.budget_mib * MIB)
+    budget, limit = int(args.budget_mib * MIB), int(args.transfer_mib * MIB)
     if args.check_only:
-        total = check_budget(args.dest, budget, tree_bytes())
+        total = check_budget(args.dest, budget, tree_bytes(), limit)
     else:
-        manifest = build(args.dest, budget, args.python)
+        manifest = build(args.dest, budget, args.python, limit)
         total = manifest["total_bytes"]
         for w in sorted(manifest["wheels"], key=lambda w: -w["bytes"]):
             print(f"{w['bytes'] / MIB:7.2f} MiB  {w['file']}")
     tree = tree_bytes()
     print(f"bundle: {total / MIB:.1f} MiB in {args.dest} (budget {budget / MIB:.0f} MiB); with the working "
-          f"tree ({tree / MIB:.1f} MiB): {(total + tree) / MIB:.1f} of {TRANSFER_LIMIT / MIB:.0f} MiB a call")
+          f"tree ({tree / MIB:.1f} MiB): {(total + tree) / MIB:.1f} of {limit / MIB:.0f} MiB a transfer")
     return 0
 
 

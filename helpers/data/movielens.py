@@ -55,6 +55,10 @@ class MovieLensFiles:
     movies_csv: Path
     built: bool  # False: an identical earlier build was reused
 
+    def mds_cache(self, holdout: int) -> str:
+        """Where the MDS shards of this data's training split go by default: the cache, by folder name."""
+        return str(cache_dir("movielens-mds") / f"train-{self.ratings_csv.parent.name}-h{holdout}")
+
 
 def build_movielens(out_dir: str | Path | None = None, *, num_users: int = 1000, num_movies: int = 500,
                     min_ratings: int = 20, max_ratings: int = 80, factors: int = 8, taste: float = 2.5,
@@ -226,6 +230,19 @@ def validate_movies(movies: pd.DataFrame, source: str = "movies") -> pd.DataFram
     return out
 
 
+def movielens_files(data_path: str | Path) -> MovieLensFiles:
+    """The `ratings.csv` and `movies.csv` of a MovieLens folder (an unzipped download: ml-latest-small,
+    ml-25m, ...); raise what to fix when one is missing."""
+    folder = Path(data_path)
+    files = MovieLensFiles(folder / "ratings.csv", folder / "movies.csv", built=False)
+    missing = [p.name for p in (files.ratings_csv, files.movies_csv) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"data_path={str(data_path)!r} has no {' or '.join(missing)}: point it at an "
+                                "unzipped MovieLens download (ml-latest-small, ml-25m, ...), or set "
+                                "data_path=None for the built-in data.")
+    return files
+
+
 def read_movielens(ratings_csv: str | Path, movies_csv: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read and check a MovieLens ratings.csv / movies.csv pair (a real download or `build_movielens`)."""
     for path in (ratings_csv, movies_csv):
@@ -263,6 +280,64 @@ def split_by_time(ratings: pd.DataFrame, holdout: int = 3,
     return train, test
 
 
+@dataclass(frozen=True)
+class Interactions:
+    """Ratings split by time per user, with contiguous indices and genre features (`prepare_interactions`).
+
+    `train` and `test` keep the ratings' columns and add `user` and `movie`, the contiguous indices: a user's
+    index is its position in `user_ids` (sorted userIds), a movie's is its row in movies.csv (`movie_ids`)."""
+
+    train: pd.DataFrame
+    test: pd.DataFrame
+    user_ids: np.ndarray       # userId of each user index
+    movie_ids: np.ndarray      # movieId of each movie index
+    genres: list[str]          # the genre names, sorted: the columns of the feature tables
+    movie_genres: np.ndarray   # float32 (movies, genres): each movie's genres, multi-hot
+    user_genres: np.ndarray    # float32 (users, genres): each genre's share of the user's training movies
+    item_counts: np.ndarray    # training interactions of each movie
+
+    def training_samples(self) -> pd.DataFrame:
+        """One row per training interaction with its features, denormalised as a production pipeline writes
+        them, and `row`, its number (which proves that ranks read disjoint samples)."""
+        train = self.train
+        return pd.DataFrame({
+            "row": np.arange(len(train)), "user": train.user.astype(np.int32),
+            "movie": train.movie.astype(np.int32), "rating": train.rating.astype(np.float32),
+            "timestamp": train.timestamp, "user_genres": list(self.user_genres[train.user]),
+            "movie_genres": list(self.movie_genres[train.movie])})
+
+
+def prepare_interactions(ratings: pd.DataFrame, movies: pd.DataFrame, holdout: int = 3) -> Interactions:
+    """Split `ratings` by time per user (`split_by_time`), map ids to contiguous indices (MovieLens movie ids
+    have gaps) and build the features: a movie's genres (multi-hot) and a user's genre profile, the share of
+    each genre among the movies they watched **in training**, so nothing of the held-out future leaks in.
+
+    Raises if a held-out interaction precedes its user's training ones, or repeats a training pair.
+    """
+    train_df, test_df = split_by_time(ratings, holdout=holdout)
+    last_train = train_df.groupby("userId").timestamp.max()
+    first_test = test_df.groupby("userId").timestamp.min()
+    if not (first_test >= last_train.reindex(first_test.index)).all():
+        raise AssertionError("a held-out interaction precedes its user's training interactions")
+    if train_df.merge(test_df, on=["userId", "movieId"]).shape[0]:
+        raise AssertionError("a held-out (user, movie) pair also appears in training")
+    movie_index = pd.Series(np.arange(len(movies)), index=movies.movieId.to_numpy())
+    user_ids = np.sort(ratings.userId.unique())
+    user_index = pd.Series(np.arange(len(user_ids)), index=user_ids)
+    genres = sorted({g for gs in movies.genres for g in gs.split("|")})
+    movie_genres = np.array([[g in gs.split("|") for g in genres] for gs in movies.genres], dtype=np.float32)
+    train_df = train_df.assign(user=user_index[train_df.userId].to_numpy(),
+                               movie=movie_index[train_df.movieId].to_numpy())
+    test_df = test_df.assign(user=user_index[test_df.userId].to_numpy(),
+                             movie=movie_index[test_df.movieId].to_numpy())
+    user_genres = np.zeros((len(user_ids), len(genres)), dtype=np.float32)
+    np.add.at(user_genres, train_df.user.to_numpy(), movie_genres[train_df.movie.to_numpy()])
+    user_genres /= np.maximum(user_genres.sum(1, keepdims=True), 1)
+    item_counts = np.bincount(train_df.movie, minlength=len(movies))
+    return Interactions(train_df, test_df, user_ids, movies.movieId.to_numpy(), genres, movie_genres,
+                        user_genres, item_counts)
+
+
 # --- MDS -------------------------------------------------------------------------------------------------
 
 _NUMPY_FOR_ENCODING = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
@@ -281,6 +356,20 @@ class MDSInfo:
     @property
     def total_bytes(self) -> int:
         return sum(s["bytes"] for s in self.shards)
+
+    def batches(self, batch_size: int) -> int:
+        """The batches of an epoch over these samples at a global `batch_size` (the last one may be short)."""
+        return -(-self.samples // batch_size)
+
+    def index_summary(self) -> str:
+        """The start of the `index.json` that `StreamingDataset` reads: its version and what the first shard's
+        entry says (columns and their encodings, compression, hashes, samples, size limit, file)."""
+        index = json.loads((self.path / "index.json").read_text())
+        first = index["shards"][0]
+        keys = ("column_names", "column_encodings", "compression", "hashes", "samples", "size_limit",
+                "zip_data")
+        shown = {k: first[k] for k in keys if k in first}
+        return json.dumps({"version": index["version"], "shards[0]": shown}, indent=1)
 
 
 def validate_for_mds(frame: pd.DataFrame, columns: dict[str, str]) -> None:

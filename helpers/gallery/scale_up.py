@@ -37,7 +37,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "val_annotations_json": "/data/coco/annotations/instances_val2017.json",
         "weights_path": "/models/resnet50-11ad3fa6.pth", "num_workers": 8}),
     ScaleUp("03_lightning_two_tower_mds", "on 8 GPUs, MovieLens 25M", {
-        "data_dir": "/data/ml-25m", "batch_size": 8192, "embed_dim": 128, "lr": 0.002, "epochs": 5,
+        "data_path": "/data/ml-25m", "batch_size": 8192, "embed_dim": 128, "lr": 0.002, "epochs": 5,
         "shard_size": "64mb", "eval_users": 10000, "tracking_uri": "http://mlflow.example:5000",
         "run_parity": False}),
     ScaleUp("04_fsdp_transformer", "on 8 GPUs", {

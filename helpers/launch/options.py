@@ -62,6 +62,9 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    """What a launch starts, resolved against the machine (or cluster): how many ranks, on which device, with
+    which torch backend. `fn.plan()` returns it without starting anything."""
+
     processes: int
     device: str
     backend: str

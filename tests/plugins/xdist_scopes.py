@@ -10,7 +10,7 @@ Every test gets a group, and a group runs on one worker, start to end:
   its scale-up run, the MDS round trips). Streaming keeps its state in shared memory named by machine-wide
   prefixes, and `clean_stale_shared_memory()`, which a test of the MovieLens data calls as Streaming
   advises, unlinks every segment of every prefix, including those of a run in progress on the other worker
-  (notebook 03 itself calls `helpers.data.streaming_cleanup`, which spares live runs). Such runs must not
+  (notebook 03 itself calls `helpers.integrations.streaming`, which spares live runs). Such runs must not
   overlap.
 
 The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
@@ -37,6 +37,7 @@ STREAMING_TESTS = (
     "tests/test_nb03_lightning_two_tower_mds.py::",
     "tests/test_scale_up.py::test_03_",
     "tests/test_data_movielens.py::",
+    "tests/test_integrations_streaming.py::",
     "tests/test_check_mutations.py::test_the_check_catches_the_bug[03_",
 )
 
