@@ -1,7 +1,7 @@
 """Notebook 09's helpers, each check shown failing on the input it exists for: the kernel's side of Axolotl
-(its environment, the YAML's paths, the LoRA targets, a user's chat file, the Ray workers' records), the adapter
-evaluation and its reload batches, the OLMo 3 7B tables, and the plugin's CPU workarounds (in Axolotl's own
-environment, where it is found)."""
+(its environment, the YAML's paths, the LoRA targets, a user's chat file, the Ray workers' records), the
+adapter evaluation and its reload batches, the OLMo 3 7B tables, and the plugin's CPU workarounds (in
+Axolotl's own environment, where it is found)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def test_yaml_paths_are_relative_on_one_machine_and_absolute_on_a_cluster(tmp_pa
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text("{}\n")
     assert for_ranks(tmp_path / "data" / "train.jsonl") == os.path.join("data", "train.jsonl")
-    assert for_ranks(tmp_path / "data" / "out") == os.path.join("data", "out")   # to be written: its folder exists
+    # to be written: its folder exists
+    assert for_ranks(tmp_path / "data" / "out") == os.path.join("data", "out")
     assert for_ranks("data/train.jsonl", cluster="auto") == str(tmp_path / "data" / "train.jsonl")
     assert for_ranks("allenai/Olmo-3-7B-Instruct") == "allenai/Olmo-3-7B-Instruct"   # a hub id
 
@@ -102,8 +103,8 @@ def test_lora_targets_must_name_modules_of_the_model(tmp_path):
     config = _tiny_olmo3(tmp_path)
     check_lora_targets(config, None)
     check_lora_targets(config, ["q_proj", "down_proj"])
-    with pytest.raises(ValueError, match=r"\['qkv_proj'\] match no module of this model; its linear layers are "
-                                         r"\['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj'"):
+    with pytest.raises(ValueError, match=r"\['qkv_proj'\] match no module of this model; its linear layers "
+                                         r"are \['down_proj', 'gate_proj', 'k_proj', 'lm_head', 'o_proj'"):
         check_lora_targets(config, ["q_proj", "qkv_proj"])
 
 
@@ -134,8 +135,9 @@ def test_the_ray_workers_records_come_back_in_rank_order(tmp_path):
 
 
 def test_the_adapter_is_scored_merged_and_answered_again_in_the_ranks_batches(tmp_path):
-    """evaluate_checkpoint as rank 0 of 1 (the launcher's in-process call): the base model, then an adapter on
-    top, merged; the merged checkpoint answers as the evaluation did, in the ranks' batches at any world size."""
+    """evaluate_checkpoint as rank 0 of 1 (the launcher's in-process call): the base model, then an adapter
+    on top, merged; the merged checkpoint answers as the evaluation did, in the ranks' batches at any world
+    size."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,11 +187,13 @@ def test_what_olmo_3_7b_needs_under_ddp():
     assert list(scale.per_gpu.index) == ["this model, as trained here", "OLMo 3 7B, bf16 LoRA",
                                          "OLMo 3 7B, 4-bit QLoRA", "OLMo 3 7B, full fine-tuning"]
     total = scale.per_gpu["total (MB)"]
-    assert total["OLMo 3 7B, 4-bit QLoRA"] < total["OLMo 3 7B, bf16 LoRA"] < total["OLMo 3 7B, full fine-tuning"]
+    assert (total["OLMo 3 7B, 4-bit QLoRA"] < total["OLMo 3 7B, bf16 LoRA"]
+            < total["OLMo 3 7B, full fine-tuning"])
     assert scale.verdicts[0].startswith("OLMo 3 7B, 4-bit QLoRA on 24 GB GPUs: DDP")
     assert "FSDP" in scale.verdicts[1]
     assert scale.placement.loc["this kernel", "model state (GB)"] == 0.0
-    assert scale.placement["model state (GB)"].max() == pytest.approx(14.6, abs=0.05)   # 7.3e9 weights in bf16
+    # 7.3e9 weights in bf16
+    assert scale.placement["model state (GB)"].max() == pytest.approx(14.6, abs=0.05)
 
 
 def test_olmo_3_configs_side_by_side(tmp_path):
