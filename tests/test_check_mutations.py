@@ -199,11 +199,21 @@ MUTATIONS = [
              "results = fine_tune.distributed(cfg, max_steps or -1)\n",
              r"cannot see the folder model=.*paths the ranks read or write must be on storage every node",
              dict(max_steps=2, n_train=64, n_test=8), slow=True),
+    # the launch option `shared` marks the paths inside the launch: the mutation makes the kernel's marks
+    # vanish before the ranks look, as on a node that does not mount the disk
     Mutation("09_axolotl_olmo3", "the model folder on a disk the ranks' node does not see",
-             '        results = train_with_axolotl.distributed(relative(config_path), shared)\n',
-             '        for item in shared.paths:\n            if item.marker:\n'
-             '                os.remove(item.marker)\n'
-             '        results = train_with_axolotl.distributed(relative(config_path), shared)\n',
+             '    results = train_with_axolotl.distributed(for_ranks(config_path))\n',
+             '    import contextlib, helpers.launch, os\n'
+             '    marks = helpers.launch.shared_paths\n'
+             '    @contextlib.contextmanager\n'
+             '    def on_another_node(**paths):\n'
+             '        with marks(**paths) as marked:\n'
+             '            for item in marked.paths:\n'
+             '                if item.marker:\n'
+             '                    os.remove(item.marker)\n'
+             '            yield marked\n'
+             '    helpers.launch.shared_paths = on_another_node\n'
+             '    results = train_with_axolotl.distributed(for_ranks(config_path))\n',
              r"cannot see the folder model=.*paths the ranks read or write must be on storage every node",
              dict(max_steps=2, n_test=8), slow=True),
     Mutation("01_ddp_mlp", "the ranks' gradients summed instead of averaged",
@@ -300,11 +310,12 @@ MUTATIONS = [
              r"the loaded model does not give the evaluation's answers", dict(max_steps=100, n_test=8),
              slow=True),
     Mutation("09_axolotl_olmo3", "Axolotl's YAML without the embeddings the plan trains in full",
-             '    **({"lora_modules_to_save": ["embed_tokens", "lm_head"]} if embeddings else {}),\n', "",
+             'lora_modules_to_save: {json.dumps(["embed_tokens", "lm_head"] if embeddings else None)}\n',
+             "lora_modules_to_save: null\n",
              r"Axolotl's LoRA configuration is not the one planned", dict(max_steps=2, n_test=8), slow=True),
     Mutation("09_axolotl_olmo3", "an untrained model logged in place of the fine-tuned one",
-             "            model.merge_and_unload().save_pretrained(merged_dir)",
-             "            model.unload().save_pretrained(merged_dir)",
+             'logged = log_model(merged_dir, "09_axolotl_olmo3",',
+             'logged = log_model(local_model, "09_axolotl_olmo3",',
              r"the loaded model does not give the evaluation's answers", dict(max_steps=100, n_test=8),
              slow=True),
     Mutation("06_ray_train_resnet", "an untrained model logged in place of the trained one",
@@ -364,7 +375,8 @@ MUTATIONS = [
              "    trainer = with_step_losses(NoSync)(",
              r"the ranks ended with different adapters", dict(max_steps=2, n_test=8), slow=True),
     Mutation("09_axolotl_olmo3", "LoRA alone on the random tiny model (its embeddings left frozen)",
-             '    **({"lora_modules_to_save": ["embed_tokens", "lm_head"]} if embeddings else {}),\n', "",
+             'lora_modules_to_save: {json.dumps(["embed_tokens", "lm_head"] if embeddings else None)}\n',
+             "lora_modules_to_save: null\n",
              r"training loss did not fall", {}, slow=True),
     Mutation("10_fast_and_elastic", "accumulation that forgets to divide each micro-batch's loss",
              "                        scaler.scale(loss / micro).backward()   "

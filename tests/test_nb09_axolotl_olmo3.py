@@ -22,7 +22,7 @@ def test_bad_settings_fail_before_launch(refusals, bad_sft_inputs, tmp_path, two
     cases = {
         "lora_r=0: a LoRA rank is a whole number of 1 or more": {"lora_r": 0},
         "holds a model but no tokenizer": {"model_name": str(bad_sft_inputs.model_without_tokenizer)},
-        "line 1 has no 'messages' field": {"dataset_path": str(bad_sft_inputs.alpaca_jsonl)},
+        "line 1 has no 'messages' field": {"data_path": str(bad_sft_inputs.alpaca_jsonl)},
         "lora_target_modules: ['qkv_proj'] match no module of this model; its linear layers are":
             {"lora_target_modules": ["q_proj", "qkv_proj"]},
         "lora_target_modules='q_proj': give a list of module names": {"lora_target_modules": "q_proj"},
@@ -50,7 +50,7 @@ def test_chat_data_with_a_pretrained_looking_model(run_notebook, registry):
     from tests.data.chat_facts import JSONL, pretrained_looking
 
     nb, metrics = run_notebook("09_axolotl_olmo3", model_name=str(pretrained_looking("llama")),
-                               dataset_path=str(JSONL), n_test=16, batch_size=8, epochs=3, lr=1e-3,
+                               data_path=str(JSONL), n_test=16, batch_size=8, epochs=3, lr=1e-3,
                                max_length=256, register_as="tiny-olmo3-chat-facts")
     text = stream_text(nb)
     assert "your model or data: the training loss and the held-out loss fell" in text

@@ -195,7 +195,7 @@ def _olmo3(tmp: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     Olmo3ForCausalLM(config).save_pretrained(tmp / "olmo3")
     tokenizer.save_pretrained(tmp / "olmo3")
-    return dict(model_name=str(tmp / "olmo3"), dataset_path=str(chats["train"]),
+    return dict(model_name=str(tmp / "olmo3"), data_path=str(chats["train"]),
                 output_dir=str(tmp / "olmo3-lora"))
 
 
@@ -348,7 +348,7 @@ def test_09_scale_up_olmo3_folder_with_axolotl(run_notebook, tmp_path):
     assert (tmp_path / "olmo3-lora" / "adapter_model.safetensors").is_file()
     assert metrics["processes"] == 2 and 0 <= metrics["accuracy_after"] <= 1
     out = stream_text(nb)
-    assert "gradient_checkpointing: true" in out and "lora_modules_to_save" not in out
+    assert "gradient_checkpointing: true" in out and "lora_modules_to_save: null" in out
     assert "adapter: qlora" in out and "load_in_4bit: true" in out and metrics["four_bit"] is True
     assert "trained 2 steps on 2 ranks" in out and "model in DistributedDataParallel" in out
 

@@ -56,7 +56,7 @@ SCALE_UPS: dict[str, ScaleUp] = {s.notebook: s for s in [
         "model_name": "unsloth/Llama-3.2-3B-Instruct", "data_path": "my_chats.jsonl", "batch_size": 16,
         "lr": 0.0002, "epochs": 1, "max_length": 2048, "output_dir": "/models/llama-3.2-3b-lora"}),
     ScaleUp("09_axolotl_olmo3", "on 8 GPUs, OLMo 3 7B with QLoRA", {
-        "model_name": "allenai/Olmo-3-7B-Instruct", "dataset_path": "my_chats.jsonl", "batch_size": 16,
+        "model_name": "allenai/Olmo-3-7B-Instruct", "data_path": "my_chats.jsonl", "batch_size": 16,
         "lr": 0.0002, "epochs": 1, "max_length": 2048, "gradient_checkpointing": True,
         "output_dir": "/models/olmo-3-7b-qlora"}),
     ScaleUp("10_fast_and_elastic", "on 8 GPUs", {
