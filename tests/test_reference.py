@@ -258,3 +258,40 @@ def test_the_map_range_02_quotes_is_its_reference_files():
     cells = nbformat.read(str(NOTEBOOKS_DIR / "02_ddp_retinanet.ipynb"), as_version=4).cells
     text = " ".join(" ".join(c.source.split()) for c in cells)
     assert f"scored {quoted}" in text, f"02 should quote the mAP@0.5 range of its reference runs: {quoted}"
+
+
+
+def _comparison_problem(nb, stem: str) -> str | None:
+    """Why `nb`'s outputs do not show its results compared with its reference, or None."""
+    from helpers.gallery.notebook_io import outputs
+
+    said = [str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
+            for _, _, out in outputs(nb)]
+    not_compared = [text.strip()[:200] for text in said if "Not compared with" in text]
+    if not_compared or not any("Compared with the reference runs" in text for text in said):
+        return (f"{stem}'s stored run was not compared with notebooks/references/{stem}.json "
+                f"({not_compared or 'no comparison in its outputs'}): refit the reference at the notebook's "
+                f"defaults (benchmarks/reference_spread.py {stem[:2]} --fit ... --write), then store it")
+    return None
+
+
+@pytest.mark.parametrize("stem", _notebook_stems())
+def test_the_stored_run_was_compared_with_its_reference(stem):
+    """A notebook is stored from a run at its defaults, where its reference was measured: a recipe changed
+    without a refit would turn the comparison off ("measured at other parameters") without any failure."""
+    import nbformat
+
+    from helpers.paths import NOTEBOOKS_DIR
+
+    problem = _comparison_problem(nbformat.read(str(NOTEBOOKS_DIR / f"{stem}.ipynb"), as_version=4), stem)
+    assert problem is None, problem
+
+
+def test_a_stored_run_at_other_parameters_is_found():
+    import nbformat.v4 as v4
+
+    said = "Not compared with the reference run: it was measured at other parameters (epochs=4); ..."
+    nb = v4.new_notebook(cells=[v4.new_code_cell("check()", outputs=[v4.new_output("stream", text=said)])])
+    assert "measured at other parameters" in _comparison_problem(nb, "05_deepspeed_zero_sft")
+    nb.cells[0].outputs = [v4.new_output("stream", text="Compared with the reference runs (notebooks/...)")]
+    assert _comparison_problem(nb, "05_deepspeed_zero_sft") is None
