@@ -40,8 +40,8 @@ class LaunchOptions:
     log_dir: str | None = None  # keep each launch's per-rank logs here (default: removed afterwards)
     prefix: str = "[rank${rank}] "
     # None: this machine (torch elastic). "ray": Ray Train workers on the ray.init() of this process, else
-    # on a private local Ray instance started and stopped around the call; "auto" or an address such as
-    # "ray://head:10001": that Ray cluster. See helpers.launch.ray for what differs on a cluster.
+    # on the cluster RAY_ADDRESS names, else on a private local Ray instance started and stopped around it;
+    # "auto" or an address such as "ray://head:10001": that Ray cluster. See helpers.launch.ray for what differs on a cluster.
     cluster: str | None = None
     # Rank 0's helpers.progress_bar drawn in this process: None (automatic: in Jupyter or a terminal),
     # True, or False. HELPERS_PROGRESS=off turns it off everywhere.
@@ -124,9 +124,9 @@ def check_options(options: LaunchOptions, target: Target | None = None) -> None:
     target = target or target_of(options)
     if options.cluster is not None and (not isinstance(options.cluster, str) or not options.cluster.strip()):
         raise LaunchError(
-            f"cluster={options.cluster!r}: pass 'ray' (a private local Ray instance, or the ray.init() "
-            "already made in this process), 'auto' (the cluster Ray finds) or an address such as "
-            "'ray://head:10001'."
+            f"cluster={options.cluster!r}: pass 'ray' (the ray.init() already made in this process, "
+            "else RAY_ADDRESS's cluster, else a private local Ray instance), 'auto' (the cluster Ray finds) "
+            "or an address such as 'ray://head:10001'."
         )
     if options.device not in ("auto", "cuda", "cpu"):
         raise LaunchError(f"device={options.device!r} is not one of 'auto', 'cuda', 'cpu'.")
