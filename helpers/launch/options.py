@@ -41,7 +41,8 @@ class LaunchOptions:
     prefix: str = "[rank${rank}] "
     # None: this machine (torch elastic). "ray": Ray Train workers on the ray.init() of this process, else
     # on the cluster RAY_ADDRESS names, else on a private local Ray instance started and stopped around it;
-    # "auto" or an address such as "ray://head:10001": that Ray cluster. See helpers.launch.ray for what differs on a cluster.
+    # "auto" or an address such as "ray://head:10001": that Ray cluster. See helpers.launch.ray for what
+    # differs on a cluster.
     cluster: str | None = None
     # Rank 0's helpers.progress_bar drawn in this process: None (automatic: in Jupyter or a terminal),
     # True, or False. HELPERS_PROGRESS=off turns it off everywhere.

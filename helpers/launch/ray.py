@@ -19,11 +19,12 @@ several machines. What stays the same as on one machine:
 
 What differs (Ray decides these, not us):
 
-* which cluster: an existing `ray.init()` in this process is always used (and left running), then the
-  cluster `RAY_ADDRESS` names. Otherwise `cluster="ray"` starts a private local Ray instance (dashboard off,
-  token authentication with a fresh token, temporary files under a short /tmp path) and shuts it down afterwards, leaving no Ray process;
-  `cluster="auto"` connects to the cluster Ray finds (`RAY_ADDRESS`, or a local `ray start`); any other
-  string is an address for `ray.init(address=...)`. A connection the launcher opened is closed again.
+* which cluster: an existing `ray.init()` in this process is always used (and left running), then the cluster
+  `RAY_ADDRESS` names. Otherwise `cluster="ray"` starts a private local Ray instance (dashboard off, token
+  authentication with a fresh token, temporary files under a short /tmp path) and shuts it down afterwards,
+  leaving no Ray process; `cluster="auto"` connects to the cluster Ray finds (`RAY_ADDRESS`, or a local `ray
+  start`); any other string is an address for `ray.init(address=...)`. A connection the launcher opened is
+  closed again.
 * `processes="auto"` means every GPU of the cluster (else 2 CPU workers); `device="auto"` uses GPUs when
   the cluster has any. Each worker reserves one CPU (and one GPU on GPU runs); the workers are placed by
   Ray, possibly on several machines, so `LOCAL_RANK`/`LOCAL_WORLD_SIZE` count the workers per machine
