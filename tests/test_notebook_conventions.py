@@ -136,3 +136,38 @@ def test_the_rules_above_can_fail(tmp_path):
     nbformat.write(nb, str(path))
     with pytest.raises(AssertionError, match="after the first launch"):
         test_step_cap_is_checked_before_the_first_launch(path)
+
+
+HARNESS_CALLS = ("log_model(", "record_metrics(")   # the model logged to MLflow; the run's metrics recorded
+
+
+def _harness_cell_problems(nb) -> list[str]:
+    """Harness-only cells shown, or a check hidden: a reader sees the lesson and its proofs, not plumbing."""
+    problems = []
+    for index, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        hidden = cell.metadata.get("jupyter", {}).get("source_hidden", False)
+        calls = [call for call in HARNESS_CALLS if call in cell.source]
+        if calls and not hidden:
+            problems.append(f"code cell {index} calls {calls} but is not collapsed "
+                            '(metadata "jupyter": {"source_hidden": true})')
+        if hidden and "assert " in cell.source:
+            problems.append(f"code cell {index} is collapsed but asserts: a check stays in view")
+    return problems
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem not in TRAINS_NOTHING], ids=lambda p: p.stem)
+def test_harness_cells_are_collapsed_and_checks_are_not(path):
+    nb = nbformat.read(str(path), as_version=4)
+    assert any(call in c.source for c in nb.cells for call in HARNESS_CALLS), f"{path.name} logs nothing"
+    problems = _harness_cell_problems(nb)
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_the_collapse_rule_can_fail():
+    cell = nbformat.v4.new_code_cell("logged = log_model(model, 'x')\nloaded = logged.load()")
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert "not collapsed" in _harness_cell_problems(nb)[0]
+    cell.metadata["jupyter"] = {"source_hidden": True}
+    assert _harness_cell_problems(nb) == []
+    cell.source += "\nassert (loaded(x) == y).all()"
+    assert "asserts" in _harness_cell_problems(nb)[0]
