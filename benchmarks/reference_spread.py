@@ -26,7 +26,8 @@ file when none is named:
                      into docs/reference-check.md)
 
 With --write the runs and the fit go into `notebooks/references/<notebook>.json`. --keep DIR keeps the
-executed notebooks (and with --reuse reads a variant's results from there instead of running it again).
+executed notebooks (and with --reuse reads a variant's results from there instead of running it again,
+where the kept run executed the same code: an edited notebook or a new guard runs afresh).
 
     python benchmarks/reference_spread.py 02 --fit native,avx2,seed3,seed4,seed5 --write
     python benchmarks/reference_spread.py 02 --validate seed6,seed7,threads4 --write
@@ -88,13 +89,26 @@ def machine() -> str:
     return describe_host()
 
 
+def same_code(executed: Path, notebook: Path) -> bool:
+    """Whether a kept run executed this notebook's code: a run of an edited notebook, or of another guard's
+    mutation, must not stand in for it (papermill's injected parameters aside)."""
+    import nbformat
+
+    def code(path: Path) -> list[str]:
+        nb = nbformat.read(str(path), as_version=4)
+        return [c.source for c in nb.cells
+                if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])]
+
+    return code(executed) == code(notebook)
+
+
 def run_variant(
     notebook: Path, variant: str, out_dir: Path, reuse: bool = False, tag: str = ""
 ) -> dict[str, Any]:
     """Execute `notebook` at its defaults under `variant`, recording its results without comparing them."""
     env, params = variant_setup(variant)
     out = out_dir / f"{notebook.stem}-{variant}{tag}.ipynb"
-    if reuse and out.exists():  # an earlier run of this variant, kept with --keep
+    if reuse and out.exists() and same_code(out, notebook):  # a kept run (--keep) of this very code
         measured, error = reference_values(out), _recorded_error(out)
         if measured or error:
             results = measured["measured"] if measured and not error else None

@@ -295,3 +295,36 @@ def test_a_stored_run_at_other_parameters_is_found():
     assert "measured at other parameters" in _comparison_problem(nb, "05_deepspeed_zero_sft")
     nb.cells[0].outputs = [v4.new_output("stream", text="Compared with the reference runs (notebooks/...)")]
     assert _comparison_problem(nb, "05_deepspeed_zero_sft") is None
+
+
+def test_a_kept_run_of_other_code_is_not_reused(tmp_path, monkeypatch):
+    """--reuse reads a kept run only where it executed the same code: a run of another guard's mutation, or of
+    the notebook before an edit, would otherwise judge the wrong recipe."""
+    import importlib.util
+
+    import nbformat
+    import nbformat.v4 as v4
+
+    from helpers.paths import ROOT
+
+    path = ROOT / "benchmarks" / "reference_spread.py"
+    spec = importlib.util.spec_from_file_location("reference_spread", path)
+    spread = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spread)
+    notebook = tmp_path / "nb.ipynb"
+    nbformat.write(v4.new_notebook(cells=[v4.new_code_cell("lr = 0.1")]), str(notebook))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    injected = v4.new_code_cell("seed = 1")
+    injected.metadata["tags"] = ["injected-parameters"]
+    run = kept / "nb-native.ipynb"
+    nbformat.write(v4.new_notebook(cells=[injected, v4.new_code_cell("lr = 0.1")]), str(run))
+    assert spread.same_code(run, notebook)   # the injected parameters aside
+    nbformat.write(v4.new_notebook(cells=[v4.new_code_cell("lr = 0.1 / 3")]), str(notebook))
+    assert not spread.same_code(run, notebook)
+    ran = []
+    monkeypatch.setattr("helpers.gallery.execute.execute_notebook",
+                        lambda nb, out, params, timeout: ran.append(nb))
+    monkeypatch.setattr(spread, "reference_values", lambda out: {"measured": {"loss": 1.0}})
+    spread.run_variant(notebook, "native", kept, reuse=True)
+    assert ran == [notebook], "a kept run of other code stood in for this notebook's run"
