@@ -97,3 +97,15 @@ def test_two_workers_keep_each_group_on_one_worker(tmp_path):
     assert all(len(w) == 1 for w in workers.values()) and len(workers) == 5, workers
     assert workers["test_data_movielens"] == workers["test_nb03_lightning_two_tower_mds"], workers
     assert len(set().union(*workers.values())) == 2, f"both workers should have had work: {workers}"
+
+
+def test_long_groups_are_handed_out_before_the_short_ones():
+    """A notebook's test file that started last would run alone while the other worker has nothing left."""
+    from tests.plugins.xdist_scopes import start_order
+
+    assert start_order(STREAMING) == 0
+    assert start_order("notebooks/05_deepspeed_zero_sft.ipynb") == 1
+    assert start_order("tests/test_scale_up.py::test_05_scale_up_saved_llama_folder") == 1
+    assert start_order("tests/test_nb04_fsdp_transformer.py") == 1
+    assert start_order("tests/test_llm_memory.py") == 1
+    assert start_order("tests/test_docs.py") == 2

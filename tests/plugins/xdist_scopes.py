@@ -13,9 +13,9 @@ Every test gets a group, and a group runs on one worker, start to end:
   (notebook 03 itself calls `helpers.integrations.streaming`, which spares live runs). Such runs must not
   overlap.
 
-The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks and
-the scale-up runs, a minute or two each; then the rest, seconds each), so that no long group starts last,
-on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the
+The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks, the
+scale-up runs and the test files that run notebooks, a minute or two each; then the rest, seconds each), so
+that no long group starts last, on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the
 Makefile does it whenever it runs the tests on more than one worker).
 
 Private API (checked against pytest-xdist 3.8.0 with pytest 9.2.0; tests/test_compat.py resolves each):
@@ -58,11 +58,16 @@ def group_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+# Test files that run notebooks or launch many ranks: a minute or more each, like a notebook
+LONG_FILES = re.compile(r"tests/(test_nb\d\d_\w+|test_llm_memory|test_model_registry|test_launch_ray)\.py$")
+
+
 def start_order(group: str) -> int:
     """Groups with a lower number are handed out first: the longest ones."""
     if group == STREAMING:
         return 0
-    return 1 if group.startswith("notebooks/") or SCALE_UP_RUN.match(group) else 2
+    long = group.startswith("notebooks/") or SCALE_UP_RUN.match(group) or LONG_FILES.match(group)
+    return 1 if long else 2
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make the scheduler of --dist
