@@ -15,8 +15,8 @@ Every test gets a group, and a group runs on one worker, start to end:
 
 The longest groups are handed out first (Streaming's, about 3 minutes on 2 cores; then the notebooks, the
 scale-up runs and the test files that run notebooks, a minute or two each; then the rest, seconds each), so
-that no long group starts last, on one worker, while the other has nothing left to do. Loaded with `-p tests.plugins.xdist_scopes` (the
-Makefile does it whenever it runs the tests on more than one worker).
+that no long group starts last, on one worker, while the other has nothing left to do. Loaded with
+`-p tests.plugins.xdist_scopes` (the Makefile does it whenever it runs the tests on more than one worker).
 
 Private API (checked against pytest-xdist 3.8.0 with pytest 9.2.0; tests/test_compat.py resolves each):
 `xdist.scheduler.LoadScopeScheduling._split_scope`, the method that maps a node id to its scope, and the
