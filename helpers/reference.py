@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.display import show_text
+from helpers.gallery.catalog import CATALOG
 from helpers.paths import ROOT
 
 REFERENCES_DIR = ROOT / "notebooks" / "references"
@@ -45,7 +46,7 @@ FORMAT = 2
 # The whole suite's false alarms: under 1% of `make test` runs fail a healthy notebook by chance. Each
 # notebook with a reference gets an equal share, and each of its statistics an equal share of that.
 SUITE_FALSE_ALARM_RATE = 0.01
-REFERENCE_NOTEBOOKS = 10
+REFERENCE_NOTEBOOKS = sum(nb.reference is not None for nb in CATALOG)  # each has a reference file
 # A tolerance never rests on a standard deviation below this share of the statistic's value: where every
 # run agreed to the last digit (an accuracy of 1.0 in all of them), another machine may still differ.
 SD_FLOOR = 0.005

@@ -16,14 +16,15 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from helpers.gallery.catalog import CATALOG
 from helpers.progress import ProgressView
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-# The notebooks that train no model: the launcher's tour. Every other notebook trains one, and so takes
-# `precision`, checks its result against reference runs (notebooks/references/) and has a GPU check
-# (tools/gpu_check.py); the tests that hold notebooks to those rules take them from training_notebooks().
-TRAINS_NOTHING = frozenset({"00_getting_started"})
+# The notebooks that train no model (the launcher's tour), from the catalog. Every other notebook trains one,
+# and so takes `precision`, checks its result against reference runs (notebooks/references/) and has a GPU
+# check; the tests that hold notebooks to those rules take them from training_notebooks().
+TRAINS_NOTHING = frozenset(nb.stem for nb in CATALOG if not nb.trains)
 
 
 # The two-node Ray clusters this test process started (tests/conftest.py's `two_node_cluster`), so that the

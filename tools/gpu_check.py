@@ -50,11 +50,12 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: this checkout's helpers
+from helpers.gallery.catalog import CATALOG  # noqa: E402
 from helpers.paths import NOTEBOOKS_DIR, ROOT, names_notebook  # noqa: E402
 
 DEFAULT_BUNDLE = ROOT / "gpu-bundle"
@@ -95,103 +96,10 @@ class NotebookCheck:
         return self.source or NOTEBOOKS_DIR / f"{self.name}.ipynb"
 
 
-NOTEBOOK_KERNEL = ("papermill", "nbclient", "nbformat", "ipykernel", "IPython", "zmq")
-# what every notebook imports besides: MLflow, to save its trained model and load it back (mlflow-skinny)
-NOTEBOOK_BASE = (*NOTEBOOK_KERNEL, "mlflow")
-
-# A limit is about 1.3x the notebook's time on an H200 (docs/gpu-check.md); those of the notebooks that run
-# there add up to 540 s (plus ~20 s to install the bundle and start): every notebook fits the default budget.
-# A notebook may also use what the ones before it left unused, never what the ones after it need.
-CHECKS: tuple[NotebookCheck, ...] = (
-    NotebookCheck(
-        "01_ddp_mlp", 40, "samples_per_s",
-        parameters={"epochs": 2, "max_steps": 40, "parity_steps": 5},
-        carried=NOTEBOOK_BASE,
-        note_one_process="parity proof (1 vs 2 processes) ran on 2 CPU processes (gloo, fp32): 2 ranks may "
-                         "not share one GPU"),
-    NotebookCheck(
-        "02_ddp_retinanet", 75, "images_per_s",
-        # enough steps, without the 30-step warm-up, that a trained epoch beats the untrained model: the
-        # notebook asserts the best checkpoint is the best of *all* epochs, the untrained epoch 0 included
-        parameters={"epochs": 2, "max_steps": 40, "warmup_steps": 2, "parity_steps": 2},
-        carried=(*NOTEBOOK_BASE, "pycocotools", "torchmetrics"),
-        note_one_process="parity proof (1 vs 2 processes) ran on CPU, as the notebook always does; "
-                         "SyncBatchNorm over 1 rank"),
-    NotebookCheck(
-        "03_lightning_two_tower_mds", 75, "samples_per_s",
-        parameters={"epochs": 2, "max_steps": 8, "eval_users": 500, "parity_steps": 2},
-        carried=(*NOTEBOOK_BASE, "lightning", "streaming", "zstd"),
-        note_one_process="parity proof (2 DDP ranks vs 1 accumulating process) ran on CPU, as the notebook "
-                         "always does; Lightning DDP over 1 GPU rank"),
-    NotebookCheck(
-        "04_fsdp_transformer", 90, "tokens_per_s",
-        parameters={"preset": "10M", "max_steps": 10, "checkpoint_every": 4, "fail_at_step": 6,
-                    "parity_steps": 3, "eval_batches": 2},
-        cpu_parameters={"preset": "tiny"},
-        carried=NOTEBOOK_BASE,
-        note_one_process="FSDP-vs-DDP parity and the sharding measurement ran on 2 CPU processes (2 ranks "
-                         "may not share one GPU); the GPU run is FSDP over 1 rank (nothing sharded); "
-                         "crash-and-resume demo on the GPU"),
-    NotebookCheck(
-        "05_deepspeed_zero_sft", 55, "samples_per_s",
-        parameters={"n_train": 320, "n_test": 32, "max_steps": 5, "parity_steps": 2},
-        carried=(*NOTEBOOK_BASE, "deepspeed", "trl", "datasets", "pydantic", "hjson"),
-        note_one_process="ZeRO stage parity ran on the GPU with 1 rank; the sharding assertions (stages 1 "
-                         "and 3 hold less per rank) need 2+ ranks and were skipped"),
-    NotebookCheck(
-        "06_ray_train_resnet", 90, "images_per_s",
-        parameters={"epochs": 1, "max_steps": 4, "n_train": 256, "n_val": 64, "n_test": 64,
-                    "fail_at_epoch": None},
-        carried=NOTEBOOK_BASE,
-        uncarried=("ray",),
-        uncarried_reason="needs Ray Train, which the GPU machine lacks; Ray's wheel alone "
-                         "(79 MB for 2.60.0 cp312) is more than the default transfer "
-                         "(gpu_bundle.py --transfer-mib 64)",
-        note_one_process="one Ray Train worker on the GPU"),
-    NotebookCheck(
-        "07_trl_sft_gpt_oss", 65, "samples_per_s",
-        parameters={"n_train": 320, "n_test": 16, "max_steps": 5, "run_parity": False},
-        carried=(*NOTEBOOK_BASE, "trl", "datasets"),
-        note_one_process="DDP-vs-FSDP parity and the per-rank memory comparison need 2 ranks and were "
-                         "skipped; FSDP over 1 GPU rank (nothing sharded)"),
-    # Its GPU-only parts, asserted by the notebook itself on a GPU: Unsloth's kernels in the model's attention
-    # and MLP (its "from Unsloth" column), and the plain TRL + PEFT launch it is timed against
-    # (compare_plain="auto" turns it on there), whose ratio the report shows as unsloth_speedup_vs_plain.
-    # Skipped where Unsloth cannot be imported: its wheel alone is 28 MB, too much beside the other notebooks'
-    # wheels in the default transfer, so it is not in gpu-bundle/.
-    NotebookCheck(
-        "08_unsloth_llama", 90, "samples_per_s",
-        parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "compare_steps": 5},
-        carried=(*NOTEBOOK_BASE, "trl", "datasets"),
-        uncarried=("unsloth", "unsloth_zoo"),
-        uncarried_reason="needs Unsloth, which the GPU machine lacks; its wheel (28 MB for 2026.10.9) does "
-                         "not fit the default transfer (64 MiB) beside the other notebooks' wheels: run "
-                         "`--only 08` with unsloth and unsloth_zoo wheels carried",
-        note_one_process="DDP over 1 GPU rank (nothing to all-reduce); the same steps timed with plain "
-                         "TRL + PEFT in fresh processes"),
-    # Its GPU parts, asserted by the notebook itself on a GPU: QLoRA on bitsandbytes' CUDA 4-bit kernels
-    # (Axolotl's `adapter: qlora`; the notebook checks the trained model was 4-bit; its CPU kernels run in
-    # the scale-up test) and Axolotl's `bf16: auto`. The ranks run the check's own python
-    # (axolotl_python="python3"), and the check is skipped where that python cannot import Axolotl: it
-    # needs its own environment (envs/axolotl, 243 packages), far more than a transfer of wheels.
-    NotebookCheck(
-        "09_axolotl_olmo3", 60, "samples_per_s",
-        parameters={"n_train": 320, "n_test": 16, "max_steps": 8, "load_in_4bit": True,
-                    "axolotl_python": "python3"},
-        carried=NOTEBOOK_BASE,
-        uncarried=("axolotl",),
-        uncarried_reason="needs Axolotl 0.13.2 in the python given as axolotl_python; its environment "
-                         "(envs/axolotl/requirements.lock) is far more than a transfer of wheels carries",
-        note_one_process="DDP over 1 GPU rank (nothing to all-reduce); QLoRA on the tiny OLMo 3"),
-    # Its GPU-only parts: fp16 autocast with a GradScaler, torch.compile generating Triton kernels, the
-    # profiler recording CUDA activity. The slowest there: the compile and the elastic section's CPU runs.
-    NotebookCheck(
-        "10_fast_and_elastic", 140, "tokens_per_s",
-        parameters={"steps": 8, "profile_steps": 2, "straggler_ms": 0, "resume_world_sizes": [1, 2]},
-        carried=NOTEBOOK_BASE,
-        note_one_process="DDP over 1 GPU rank (the all-reduces are counted but move nothing); the elastic "
-                         "save-on-2, resume-on-1-and-2 section ran on CPU processes"),
-)
+# Each notebook's check is in its record of helpers/gallery/catalog.py (with why its limit is what it is).
+CHECKS: tuple[NotebookCheck, ...] = tuple(
+    NotebookCheck(nb.stem, **{f.name: getattr(nb.gpu_check, f.name) for f in fields(nb.gpu_check)})
+    for nb in CATALOG if nb.gpu_check)
 
 
 @dataclass(frozen=True)

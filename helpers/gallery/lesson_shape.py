@@ -18,23 +18,14 @@ from pathlib import Path
 
 import nbformat
 
-# Non-blank code lines before the Checks heading, the parameters cell aside.
-BUDGETS = {"01": 100, "02": 170, "03": 150, "04": 150, "05": 130, "06": 130, "07": 140, "08": 120, "09": 120,
-           "10": 170}
+from helpers.gallery.catalog import CATALOG
+
+# Non-blank code lines before the Checks heading, the parameters cell aside, and the framework's own
+# constructs each lesson must show before its Checks (what a reader came to see),
+# both from each notebook's catalog record.
+BUDGETS = {nb.number: nb.budget for nb in CATALOG if nb.budget is not None}
 MAX_CELL_LINES = 60
-# The framework's own constructs each lesson must show before its Checks: what a reader came to see.
-ANCHORS = {
-    "01": ("DistributedDataParallel",),
-    "02": ("retinanet",),
-    "03": ("Trainer(",),
-    "04": ("fully_shard",),
-    "05": ("SFTTrainer", "zero_optimization"),
-    "06": ("TorchTrainer",),
-    "07": ("SFTConfig",),
-    "08": ("FastLanguageModel",),
-    "09": ("adapter:", "lora_r:"),
-    "10": ("no_sync", "torch.compile", "autocast"),
-}
+ANCHORS = {nb.number: nb.anchors for nb in CATALOG if nb.anchors}
 PRIVATE = re.compile(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*\.(_[A-Za-z]\w*)")
 ALLOWED_PRIVATE = {"os._exit"}
 CHECKS_HEADING = re.compile(r"^#+\s*Checks\b", re.M)

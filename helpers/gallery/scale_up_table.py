@@ -18,17 +18,14 @@ import re
 import sys
 from pathlib import Path
 
+from helpers.gallery.catalog import CATALOG
 from helpers.gallery.scale_up import SCALE_UPS, command
 
 MARKERS = ("<!-- scale-up-table -->", "<!-- /scale-up-table -->")
 # The published model each LLM command names, how it trains, and under which technique (helpers.memory_plan's
-# names); the other commands train the gallery's own models, a few MB to a few hundred MB.
-PLANNED = {
-    "05_deepspeed_zero_sft": ("llama-3.2-1b", "full", "zero3"),
-    "07_trl_sft_gpt_oss": ("gpt-oss-120b", "lora", "fsdp"),
-    "08_unsloth_llama": ("llama-3.2-3b", "qlora", "ddp"),
-    "09_axolotl_olmo3": ("olmo-3-7b", "qlora", "ddp"),
-}
+# names), from the catalog; the other commands train the gallery's own models, a few MB to a few hundred MB.
+PLANNED = {nb.stem: (nb.planned.model, nb.planned.training, nb.planned.technique)
+           for nb in CATALOG if nb.planned}
 
 
 def gpus_of(where: str) -> int | None:
