@@ -3,7 +3,9 @@
 A tiny GPT-OSS folder in the layout OpenAI ships (uint8 `*_blocks` / `*_scales` experts and
 `quant_method: mxfp4` in its config) loads through `load_options`, is dequantized to bf16, and trains with
 LoRA on the attention and expert weights, on the CPU, in a few seconds. `check_lora_targets` refuses a
-target that matches nothing before any launch; `moe_sizes` counts a mixture of experts on the meta device."""
+target that matches nothing before any launch, and warns when FSDP with LoRA on the experts and gradient
+checkpointing off would keep every layer's merged expert weights; `moe_sizes` counts a mixture of experts
+on the meta device."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ import pytest
 import torch
 
 from helpers.models.gpt_oss import (
+    EXPERT_MEMORY_SHARE,
     FP4_VALUES,
+    ExpertLoraMemoryWarning,
     build_gpt_oss_checkpoint,
+    check_expert_lora_memory,
     check_lora_targets,
     load_options,
+    merged_expert_bytes,
     moe_sizes,
     quantize_mxfp4,
 )
@@ -150,3 +156,34 @@ def test_moe_sizes_count_experts_and_what_a_token_computes_with():
     # 2 of 4 experts a token: half the expert weights are left out of what it computes with
     assert sizes["parameters"] - sizes["active per token"] == sizes["in experts"] // 2
     assert (sizes["layers"], sizes["experts"], sizes["top-k"]) == (2, 4, 2)
+
+
+def test_fsdp_expert_lora_without_checkpointing_warns_at_depth_and_only_then():
+    """The 24-layer shape of issue 53 (hidden 576, 16 experts: 1.5 GB of fp32 expert weights) against a
+    process with 4 GB: warned, naming the fix; the tiny default model, checkpointing on, DDP or no expert
+    LoRA: quiet."""
+    from types import SimpleNamespace
+
+    from helpers.models.gpt_oss import gpt_oss_config
+
+    deep = gpt_oss_config(40, hidden_size=576, layers=24, experts=16)
+    merged = merged_expert_bytes(deep, _lora())
+    assert merged == 4 * 24 * 16 * 576 * (2 * 576 + 576)   # gate_up [E, h, 2i] + down [E, i, h], fp32
+    small = 4 * 10**9
+    assert merged > EXPERT_MEMORY_SHARE * small
+    fsdp = dict(strategy="fsdp", checkpointing=False, memory_bytes=small)
+    with pytest.warns(ExpertLoraMemoryWarning, match=r"-p gradient_checkpointing True"):
+        assert "1.5 GB" in check_expert_lora_memory(deep, _lora(), **fsdp)
+    with pytest.warns(ExpertLoraMemoryWarning, match=r"merged expert weights"):   # where 07 calls it
+        check_lora_targets(deep, _lora(), strategy="fsdp", checkpointing=False,
+                           plan=SimpleNamespace(device="cpu", processes=10**6))   # 1/10**6 of host RAM
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_expert_lora_memory(_tiny_config(), _lora(), **fsdp) is None
+        assert check_expert_lora_memory(deep, _lora(), **dict(fsdp, checkpointing=True)) is None
+        assert check_expert_lora_memory(deep, _lora(), **dict(fsdp, strategy="ddp")) is None
+        assert check_expert_lora_memory(deep, _lora(target_parameters=[]), **fsdp) is None
+        check_lora_targets(_tiny_config(), _lora(), strategy="fsdp", checkpointing=False,
+                           plan=SimpleNamespace(device="cpu", processes=2))

@@ -15,7 +15,9 @@ The notebook (07) builds its own tiny model in plain bf16/fp32 layout where the 
 the stand-in for the downloaded checkpoint. Beside it, what notebook 07 calls on any GPT-OSS checkpoint:
 `load_options` (the `from_pretrained` keywords: eager attention, MXFP4 dequantized only where the checkpoint
 has it), `moe_sizes` (a mixture of experts counted on the meta device) and `check_lora_targets` (a LoRA
-configuration applied on the meta device: refused when a target matches nothing, counted otherwise).
+configuration applied on the meta device: refused when a target matches nothing, counted otherwise, and a
+warning when FSDP without gradient checkpointing would keep every layer's merged expert weights:
+`check_expert_lora_memory`).
 """
 
 from __future__ import annotations
@@ -97,27 +99,14 @@ def build_gpt_oss_checkpoint(root: str | Path | None = None, *, mxfp4: bool = Tr
             "experts_per_token": experts_per_token, "sliding_window": sliding_window, "seed": seed,
             "version": _FORMAT_VERSION}
     folder = Path(root) if root is not None else cache_dir(
-        "gpt_oss_checkpoint", f"{'mxfp4' if mxfp4 else 'bf16'}-h{hidden_size}-l{layers}-e{experts}-s{seed}")
+        "gpt_oss_checkpoint", f"{'mxfp4' if mxfp4 else 'fp32'}-h{hidden_size}-l{layers}-e{experts}-s{seed}")
     names = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
     files = [folder / n for n in names]
 
     def write() -> None:
-        import torch
-        from transformers import GptOssForCausalLM
-
-        from helpers.models.char_tokenizer import build_char_tokenizer
-
-        tokenizer = build_char_tokenizer()
-        config = gpt_oss_config(len(tokenizer), tokenizer, hidden_size=hidden_size, layers=layers,
-                                experts=experts, experts_per_token=experts_per_token,
-                                sliding_window=sliding_window)
-        torch.manual_seed(seed)
-        model = GptOssForCausalLM(config)
-        if mxfp4:
-            save_mxfp4(model, folder)
-        else:
-            model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        _write_model(folder, "mxfp4" if mxfp4 else "fp32", hidden_size=hidden_size, layers=layers,
+                     experts=experts, experts_per_token=experts_per_token, sliding_window=sliding_window,
+                     seed=seed)
 
     reuse_or_build(folder, args, files, write)
     return folder
@@ -141,28 +130,43 @@ def build_gpt_oss_bf16(root: str | Path | None = None, *, hidden_size: int = 512
     names = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
     def write() -> None:
-        import torch
-        from transformers import GptOssForCausalLM
-
-        from helpers.models.char_tokenizer import build_char_tokenizer
-
-        tokenizer = build_char_tokenizer()
-        config = gpt_oss_config(len(tokenizer), tokenizer, hidden_size=hidden_size, layers=layers,
-                                experts=experts, experts_per_token=experts_per_token,
-                                sliding_window=sliding_window)
-        torch.manual_seed(seed)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            model = GptOssForCausalLM(config)
-        finally:
-            torch.set_default_dtype(default)
-        model.save_pretrained(folder, max_shard_size="2GB")
-        del model
-        tokenizer.save_pretrained(folder)
+        _write_model(folder, "bf16", hidden_size=hidden_size, layers=layers, experts=experts,
+                     experts_per_token=experts_per_token, sliding_window=sliding_window, seed=seed)
 
     reuse_or_build(folder, args, [folder / n for n in names], write)
     return folder
+
+
+def _write_model(folder: Path, layout: str, *, hidden_size: int, layers: int, experts: int,
+                 experts_per_token: int, sliding_window: int, seed: int) -> None:
+    """Build a seeded `GptOssForCausalLM` of this module's config and save it with the character tokenizer.
+
+    `layout`: "mxfp4" (experts quantized as the published files), "fp32" (`save_pretrained` of the model as
+    built) or "bf16" (built in bf16 from the start, so the process never holds an fp32 copy, and saved in
+    shards of at most 2 GB)."""
+    import torch
+    from transformers import GptOssForCausalLM
+
+    from helpers.models.char_tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = gpt_oss_config(len(tokenizer), tokenizer, hidden_size=hidden_size, layers=layers,
+                            experts=experts, experts_per_token=experts_per_token,
+                            sliding_window=sliding_window)
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    if layout == "bf16":
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = GptOssForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    if layout == "mxfp4":
+        save_mxfp4(model, folder)
+    else:
+        model.save_pretrained(folder, **({"max_shard_size": "2GB"} if layout == "bf16" else {}))
+    del model
+    tokenizer.save_pretrained(folder)
 
 
 def gpt_oss_config(vocab_size: int, tokenizer=None, *, hidden_size: int, layers: int, experts: int,
@@ -228,11 +232,16 @@ class LoraTargets(dict):
                 f"({100 * self['trainable'] / self['total']:.2f}%), adapting {self['adapted']}")
 
 
-def check_lora_targets(config: Any, lora: Any) -> LoraTargets:
+def check_lora_targets(config: Any, lora: Any, *, strategy: str | None = None, plan: Any = None,
+                       checkpointing: bool = True) -> LoraTargets:
     """Apply `lora` (a peft `LoraConfig`) to the model of `config` on the `meta` device and say what it
     trains: `trainable` and `total` parameters, and the names of what it `adapted`. A target that matches
     nothing fails here, with the names that exist, rather than inside the ranks (peft itself only fails when
-    no target at all matches)."""
+    no target at all matches).
+
+    Given the `strategy`, the launch `plan` (its device and processes) and whether gradient `checkpointing`
+    is on, it also warns, before anything is loaded, when FSDP with LoRA on the experts would keep more
+    merged expert weights than a process can spare (`check_expert_lora_memory`)."""
     import re
 
     import torch
@@ -241,6 +250,10 @@ def check_lora_targets(config: Any, lora: Any) -> LoraTargets:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+    if plan is not None:
+        memory, value_bytes = process_memory(plan.device, plan.processes)
+        check_expert_lora_memory(model, lora, strategy=strategy, checkpointing=checkpointing,
+                                 memory_bytes=memory, bytes_per_value=value_bytes)
     names = [n for n, _ in model.named_parameters()]
     for target in lora.target_parameters or []:
         if not any(n == target or n.endswith("." + target) for n in names):
@@ -269,3 +282,78 @@ def check_lora_targets(config: Any, lora: Any) -> LoraTargets:
         # what was adapted: a module's name, or for the experts the parameter it wraps
         adapted=sorted({getattr(m, "parameter_name", None) or n.split(".")[-1]
                         for n, m in adapted_model.named_modules() if hasattr(m, "lora_A")}))
+
+
+# LoRA on the experts under FSDP without gradient checkpointing: autograd keeps every layer's merged expert
+# weights (W + B A, built in the forward pass) until that layer's backward pass, so a rank holds them for all
+# layers at once, whatever N. Above this share of what a process has, the settings check warns.
+EXPERT_MEMORY_SHARE = 0.25
+
+
+class ExpertLoraMemoryWarning(UserWarning):
+    """FSDP + LoRA on the experts without gradient checkpointing would hold every layer's merged experts."""
+
+
+def process_memory(device: str, processes: int) -> tuple[int | None, int]:
+    """(bytes one process has, bytes a trained value takes there): on CPU the host's RAM over the processes
+    that share it, at fp32; on GPUs the smallest GPU's memory (nvidia-smi: asking torch would open a CUDA
+    context in the notebook's kernel), at bf16. None where that memory cannot be read."""
+    if device != "cuda":
+        import psutil
+
+        return psutil.virtual_memory().total // max(1, processes), 4
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None, 2
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return min(int(line) for line in out.split()) * 2**20, 2   # MiB
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None, 2
+
+
+def merged_expert_bytes(model: Any, lora: Any, bytes_per_value: int = 4) -> int:
+    """The bytes of every expert weight `lora.target_parameters` adapts, all layers: what autograd keeps of
+    LoRA on the experts (the merged `W + B A` of each) until the backward pass when no layer is recomputed.
+    `model`: a model (on the meta device) or its config."""
+    if not getattr(lora, "target_parameters", None):
+        return 0
+    if not hasattr(model, "named_parameters"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model)
+    targets = list(lora.target_parameters)
+    return bytes_per_value * sum(p.numel() for n, p in model.named_parameters()
+                                 if any(n == t or n.endswith("." + t) for t in targets))
+
+
+def check_expert_lora_memory(model: Any, lora: Any, *, strategy: str | None, checkpointing: bool,
+                             memory_bytes: int | None, bytes_per_value: int = 4) -> str | None:
+    """Warn (`ExpertLoraMemoryWarning`) when FSDP with LoRA on the experts and gradient checkpointing off
+    would keep more merged expert weights (all layers, `merged_expert_bytes`) than EXPERT_MEMORY_SHARE of
+    `memory_bytes`, the memory one process has; return the warning, or None when quiet.
+
+    Why: FSDP shards the experts, but PEFT's LoRA on them builds each layer's merged weight `W + B A` in the
+    forward pass and autograd keeps it for that layer's backward pass. With checkpointing off every layer's
+    is kept at once, so each rank holds about the model's expert weights on top of its shard (measured by
+    benchmarks/llm_memory.py); with it on, only the layer being recomputed."""
+    if strategy != "fsdp" or checkpointing or memory_bytes is None:
+        return None
+    merged = merged_expert_bytes(model, lora, bytes_per_value)
+    if merged <= EXPERT_MEMORY_SHARE * memory_bytes:
+        return None
+    message = (f"strategy='fsdp' with LoRA on the experts and gradient checkpointing off: every rank keeps "
+               f"every layer's merged expert weights (W + B A) for the backward pass, {merged / 1e9:.1f} GB, "
+               f"more than {EXPERT_MEMORY_SHARE:.0%} of the {memory_bytes / 1e9:.1f} GB a process has; "
+               "FSDP's sharding saves nothing on them. Run with -p gradient_checkpointing True (only the "
+               "layer being recomputed is then kept).")
+    import warnings
+
+    warnings.warn(message, ExpertLoraMemoryWarning, stacklevel=3)
+    return message
