@@ -47,10 +47,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from helpers import tracking  # noqa: E402
 from helpers.env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
 from helpers.gallery.notebook_io import first_error, reference_values  # noqa: E402
 from helpers.reference import (  # noqa: E402
     FORMAT,
+    REFERENCE_MODE_ENV,
     REFERENCES_DIR,
     fit,
     judge,
@@ -117,7 +119,7 @@ def run_variant(
 
     start = time.perf_counter()
     error = None
-    measuring = {"GALLERY_REFERENCE": "measure", "GALLERY_TRACKING": "off"}
+    measuring = {REFERENCE_MODE_ENV: "measure", tracking.ENV_SWITCH: "off"}
     with temporary_environ({**with_own_inductor_cache(env), **measuring}):
         try:
             execute_notebook(notebook, out, params, timeout=1800)

@@ -7,18 +7,9 @@ import math
 from typing import Any
 
 from helpers.display import show_text
+from helpers.plain import plain
 
-METADATA_KEY = "distributed_gallery"
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    raise TypeError(f"metric value {value!r} ({type(value).__name__}) is not a number or string")
+METRICS_METADATA_KEY = "distributed_gallery"  # where record_metrics's output metadata holds what it recorded
 
 
 def format_metric(value: Any) -> str:
@@ -28,11 +19,12 @@ def format_metric(value: Any) -> str:
     return str(value)
 
 
-def _json_safe(value: Any) -> Any:
+def _metric(name: str, value: Any) -> Any:
+    """A metric as it is shown and stored: one number or string, nan as "nan" (the text a table shows)."""
     try:
-        return _plain(value)
-    except TypeError:
-        return str(value)
+        return plain(value, nonfinite="str", scalar=True)
+    except TypeError as e:
+        raise TypeError(f"metric {name}: {e}: record one value per metric") from None
 
 
 def _host() -> dict[str, Any]:
@@ -93,24 +85,25 @@ def record_metrics(*, params: dict[str, Any] | None = None, history: Any = None,
     if logged_model is not None:
         mlflow_run_id = mlflow_run_id or logged_model.run_id
         metrics.setdefault("logged_model_uri", logged_model.uri if logged_model.run_id else None)
-    plain = {k: _plain(v) for k, v in metrics.items()}
-    meta: dict[str, Any] = {"metrics": plain, "host": _host(),
-                            "params": {str(k): _json_safe(v) for k, v in params.items()}}
+    recorded = {k: _metric(k, v) for k, v in metrics.items()}
+    meta: dict[str, Any] = {"metrics": recorded, "host": _host(),
+                            "params": {str(k): plain(v, nonfinite="str", scalar=True, default=str)
+                                       for k, v in params.items()}}
     on_driver = os.environ.get("RANK", "0") in ("", "0")
     if on_driver:
         run_dir = os.environ.get(tracking.ENV_RUN_DIR)
         figure_path = _save_figure(figure, run_dir, tracking.notebook_name()) if run_dir else None
         if figure_path:
             meta["figure"] = os.path.relpath(figure_path, run_dir)
-        info = tracking.log_notebook_run(metrics=plain, params=params, history=history, figure=figure,
+        info = tracking.log_notebook_run(metrics=recorded, params=params, history=history, figure=figure,
                                          figure_path=figure_path, tracking_uri=tracking_uri,
                                          continue_run=mlflow_run_id)
         if info:
             meta["tracking"] = info
     text = "\n".join(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}"
-                     for k, v in plain.items())
-    show_text(text, {METADATA_KEY: meta}, printed=json.dumps(plain))
-    return plain
+                     for k, v in recorded.items())
+    show_text(text, {METRICS_METADATA_KEY: meta}, printed=json.dumps(recorded))
+    return recorded
 
 
 def driver_peak_rss_mb() -> float:

@@ -34,10 +34,12 @@ from typing import Any
 from helpers.display import show_text
 from helpers.gallery.catalog import CATALOG
 from helpers.paths import ROOT
+from helpers.plain import plain
 
 REFERENCES_DIR = ROOT / "notebooks" / "references"
-METADATA_KEY = "distributed_gallery_reference"
-ENV_SWITCH = "GALLERY_REFERENCE"  # "measure": record the results without comparing (the spread benchmark)
+REFERENCE_METADATA_KEY = "distributed_gallery_reference"  # the check's output metadata: what it measured
+# "measure": record the results without comparing them (the spread benchmark fits the reference files so)
+REFERENCE_MODE_ENV = "GALLERY_REFERENCE"
 FORMAT = 2
 
 # How a result becomes the statistics that are compared: a number is its own statistic; a curve is
@@ -86,7 +88,7 @@ def statistics(results: Mapping[str, Any]) -> dict[str, float]:
     """Every statistic of a run's results, by name ("loss:mean", "loss:last_third", "accuracy")."""
     out = {}
     for result, value in results.items():
-        for summary, x in summarize(_plain(value)).items():
+        for summary, x in summarize(_numbers(value)).items():
             out[statistic_name(result, summary)] = x
     return out
 
@@ -117,29 +119,27 @@ def load_reference(notebook: str, references_dir: Path | None = None) -> dict[st
     return reference
 
 
-def _plain(value: Any) -> Any:
-    """Floats, or lists of floats, from numpy / torch / pandas values."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, Mapping):
+def _numbers(value: Any) -> float | list[float]:
+    """A result as the comparison takes it: a float, or a curve as a list of floats."""
+    value = plain(value)
+    if isinstance(value, dict):
         raise TypeError("a result must be a number or a sequence of numbers, not a mapping")
-    if isinstance(value, Sequence) and not isinstance(value, str):
+    if isinstance(value, list):
         return [float(v) for v in value]
     return float(value)
 
 
 def parameters_differ(reference: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
     """The parameters whose values differ between the reference run and this run (both ways)."""
-    different = []
-    for name in sorted(set(reference) | set(params)):
-        if name not in params or name not in reference or _canon(reference[name]) != _canon(params[name]):
-            different.append(name)
-    return different
+    return [name for name in sorted(set(reference) | set(params))
+            if name not in params or name not in reference
+            or _parameter(reference[name]) != _parameter(params[name])]
 
 
-def _canon(value: Any) -> Any:
-    """Parameters as JSON would store them (tuples as lists, ints and floats compared as numbers)."""
-    return json.loads(json.dumps(value, default=str))
+def _parameter(value: Any) -> Any:
+    """A parameter as a reference file stores it (tuples as lists, paths and unknown types as text); ints
+    and floats then compare as numbers."""
+    return plain(value, default=str)
 
 
 def _shape(value: Any) -> int | None:
@@ -186,16 +186,16 @@ def compare(
     notebook: str, params: Mapping[str, Any], results: Mapping[str, Any], references_dir: Path | None = None
 ) -> Outcome:
     """Compare `results` with the reference; raise AssertionError on a statistic outside its tolerance."""
-    measured = {name: _plain(value) for name, value in results.items()}
-    if os.environ.get(ENV_SWITCH, "").strip().lower() == "measure":  # benchmarks/reference_spread.py
+    measured = {name: _numbers(value) for name, value in results.items()}
+    if os.environ.get(REFERENCE_MODE_ENV, "").strip().lower() == "measure":  # benchmarks/reference_spread.py
         return Outcome(
-            False, f"Measuring ({ENV_SWITCH}=measure): not compared with the reference run.", measured
+            False, f"Measuring ({REFERENCE_MODE_ENV}=measure): not compared with the reference run.", measured
         )
     try:
         reference = load_reference(notebook, references_dir)
     except FileNotFoundError as e:
         return Outcome(False, f"Not compared with a reference run: {e}", measured)
-    differ = parameters_differ(reference["parameters"], {k: _json_value(v) for k, v in params.items()})
+    differ = parameters_differ(reference["parameters"], params)
     if differ:
         shown = ", ".join(f"{k}={reference['parameters'].get(k, '(unset)')!r}" for k in differ[:4])
         return Outcome(
@@ -383,14 +383,6 @@ def validation_table(notebooks: Sequence[str], references_dir: Path | None = Non
     return "\n".join(lines), ok
 
 
-def _json_value(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):
-        value = value.item()
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def check_against_reference(notebook: str, params: Mapping[str, Any], **results: Any) -> Outcome:
     """Check a notebook's headline results against its reference runs and show the outcome.
 
@@ -400,11 +392,11 @@ def check_against_reference(notebook: str, params: Mapping[str, Any], **results:
     """
     outcome = compare(notebook, params, results)
     meta = {
-        METADATA_KEY: {
+        REFERENCE_METADATA_KEY: {
             "notebook": notebook,
             "compared": outcome.compared,
             "measured": outcome.measured,
-            "params": {k: _json_value(v) for k, v in params.items()},
+            "params": {k: _parameter(v) for k, v in params.items()},
         }
     }
     show_text(outcome.text, meta)

@@ -35,6 +35,7 @@ from typing import Any
 
 from helpers.env import env_flag
 from helpers.logs import quieted
+from helpers.plain import plain
 
 ENV_URI = "GALLERY_TRACKING_URI"
 ENV_SWITCH = "GALLERY_TRACKING"
@@ -189,11 +190,9 @@ def create_experiment(name: str, uri: str | None = None) -> str:
 
 
 def _number(value: Any) -> float | None:
-    if hasattr(value, "item") and callable(value.item):
-        with contextlib.suppress(Exception):
-            value = value.item()
-    if isinstance(value, bool):
-        return float(value)
+    """A value MLflow logs as a metric: a finite number (a bool as 0 or 1); None for anything else."""
+    with contextlib.suppress(Exception):  # a value that cannot be converted is not a number
+        value = plain(value, scalar=True, default=lambda _: None)
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return None

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from helpers.files import write_json
+from helpers.plain import plain
 
 MANIFEST = "manifest.json"
 
@@ -58,7 +60,7 @@ def reuse_or_build(folder: str | Path, args: dict[str, Any], outputs: Iterable[P
 def _reuse_or_build(folder: Path, args: dict[str, Any], outputs: list[Path],
                     build: Callable[[], dict[str, Any] | None], path: Path) -> Build:
     found = read_manifest(path)
-    if found is not None and found["args"] == _as_json(args) and all(p.exists() for p in outputs):
+    if found is not None and found["args"] == plain(args) and all(p.exists() for p in outputs):
         return Build(found, reused=True)
     path.unlink(missing_ok=True)
     for output in outputs:
@@ -67,12 +69,5 @@ def _reuse_or_build(folder: Path, args: dict[str, Any], outputs: list[Path],
         else:
             output.unlink(missing_ok=True)
     record = {"args": args, **(build() or {})}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_json(path, record, indent=1, sort_keys=True)
     return Build(record, reused=False)
-
-
-def _as_json(value: Any) -> Any:
-    """`value` as it reads back from JSON (tuples become lists), so it compares with a stored manifest."""
-    return json.loads(json.dumps(value))

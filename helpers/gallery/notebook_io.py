@@ -15,8 +15,8 @@ from typing import Any
 
 import nbformat
 
-from helpers.metrics import METADATA_KEY as METRICS_KEY
-from helpers.reference import METADATA_KEY as REFERENCE_KEY
+from helpers.metrics import METRICS_METADATA_KEY
+from helpers.reference import REFERENCE_METADATA_KEY
 
 PAPERMILL_ERROR_TAG = "papermill-error-cell-tag"
 INJECTED_TAG = "injected-parameters"
@@ -53,7 +53,7 @@ def record_metadata(nb: NotebookLike) -> dict[str, Any]:
     tracking); a later record's values win, nested dictionaries merged."""
     meta: dict[str, Any] = {}
     for _, _, out in outputs(nb):
-        found = out.get("metadata", {}).get(METRICS_KEY)
+        found = out.get("metadata", {}).get(METRICS_METADATA_KEY)
         for key, value in (found or {}).items():
             if isinstance(value, dict):
                 meta.setdefault(key, {}).update(value)
@@ -70,7 +70,7 @@ def read_metrics(nb: NotebookLike) -> dict[str, Any]:
 def reference_values(nb: NotebookLike) -> dict[str, Any] | None:
     """What `check_against_reference` measured in an executed notebook (None if it did not run)."""
     for _, _, out in outputs(nb):
-        found = out.get("metadata", {}).get(REFERENCE_KEY)
+        found = out.get("metadata", {}).get(REFERENCE_METADATA_KEY)
         if found:
             return found
     return None
