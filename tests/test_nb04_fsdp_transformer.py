@@ -1,12 +1,12 @@
 """Notebook 04 under papermill with parameters other than the stored defaults.
 
-The defaults (2 CPU processes, the crash demo included) are covered by nbval over notebooks/. Here:
-one process on a user's text (data_path), the failure-and-resume path on its own on the two-node Ray cluster,
-capped at 12 steps, a checkpoint folder the ranks cannot see refused before training (make test-cluster), the
-trained model registered in MLflow and loaded by name in a fresh process, and bad arguments refused before any
-launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
-resumed == uninterrupted, the measured model state per rank == helpers.memory_plan's plan, the loaded model ==
-the driver's evaluation) run inside it; a failing one fails the execution.
+The defaults (2 CPU processes, the crash demo included) are covered by nbval over notebooks/. Here: one
+process on a user's text (data_path), its trained model registered in MLflow and loaded by name in a fresh
+process; the failure-and-resume path on its own on the two-node Ray cluster, capped at 12 steps; a
+checkpoint folder the ranks cannot see refused before training (make test-cluster); and bad arguments
+refused before any launch. The notebook's own assertions (well below the unigram baseline, FSDP == DDP,
+resumed == uninterrupted, the measured model state per rank == helpers.memory_plan's plan, the loaded model
+== the driver's evaluation) run inside it; a failing one fails the execution.
 """
 
 
@@ -34,8 +34,10 @@ def passive_openmp_threads(monkeypatch):
 SMALL = dict(steps=60, checkpoint_every=20, parity_steps=2, eval_batches=2)
 
 
-def test_one_process_on_user_text(run_notebook, tmp_path):
-    """data_path: a folder of the user's text files (here, three standard-library packages copied out)."""
+def test_one_process_on_user_text_registers_the_model(run_notebook, tmp_path, registry):
+    """data_path: a folder of the user's text files (here, three standard-library packages copied out). With
+    register_as and tracking on, the gathered model goes to the registry, and MLflow alone (another process,
+    by name) gives the greedy next bytes the notebook's driver evaluation gave."""
     import shutil
     import sysconfig
     from pathlib import Path
@@ -45,13 +47,18 @@ def test_one_process_on_user_text(run_notebook, tmp_path):
         shutil.copytree(stdlib / package, tmp_path / "corpus" / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     nb, metrics = run_notebook("04_fsdp_transformer", processes=1, data_path=str(tmp_path / "corpus"),
-                               fail_at_step=None, **dict(SMALL, steps=100, checkpoint_every=50))
+                               fail_at_step=None, register_as="byte-gpt",
+                               **dict(SMALL, steps=100, checkpoint_every=50))
     assert metrics["processes"] == 1
     assert metrics["val_bits_per_byte"] < metrics["unigram_bits_per_byte"] - 0.5
     assert metrics["parity_max_abs_diff"] < 1e-4
     out = stream_text(nb)
     assert "crash demo skipped" in out
     assert "[rank0] step  100" in out     # the rank's own lines reached the cell, prefixed
+    assert metrics["logged_model_uri"] == "models:/byte-gpt/1"
+    assert metrics["model_state_plan_max_rel_diff"] < 0.01
+    answers = [int(a) for a in metrics["logged_model_answers"].split()]
+    assert greedy_answers_by_name(registry, "models:/byte-gpt/1") == answers
 
 
 def test_crash_and_resume_on_two_nodes(run_notebook, tmp_path, two_node_cluster):
@@ -115,17 +122,6 @@ def test_a_checkpoint_folder_a_rank_cannot_see_fails_before_training(run_noteboo
     assert re.search(r"rank \d on node [0-9a-f]{16,} cannot see the folder output_dir=\S*/ckpt/main "
                      r"that the notebook's process marked: .*storage every node reaches", error), error
     assert not list(main.glob("step_*")), "a rank trained (and checkpointed) before the check"
-
-
-def test_registers_its_model_and_a_fresh_process_loads_it_by_name(run_notebook, registry):
-    """register_as with tracking on: the gathered model goes to the registry, and MLflow alone (another
-    process, by name) gives the greedy next bytes the notebook's driver evaluation gave."""
-    _, metrics = run_notebook("04_fsdp_transformer", processes=1, fail_at_step=None, register_as="byte-gpt",
-                              **dict(SMALL, checkpoint_every=4, max_steps=4, eval_batches=1))
-    assert metrics["logged_model_uri"] == "models:/byte-gpt/1"
-    assert metrics["model_state_plan_max_rel_diff"] < 0.01
-    answers = [int(a) for a in metrics["logged_model_answers"].split()]
-    assert greedy_answers_by_name(registry, "models:/byte-gpt/1") == answers
 
 
 def test_bad_settings_are_refused_before_launch(refusals, monkeypatch):
