@@ -107,7 +107,7 @@ gpu-bundle: $(STAMP)
 GPU_PYTHON ?= python3
 GPU_OUT ?= runs/gpu-check
 gpu-check:
-	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_OUT) $(ARGS)
+	$(GPU_PYTHON) tools/gpu_check --out $(GPU_OUT) $(ARGS)
 
 ## docs: build the documentation site into site/ (MkDocs Material, strict: a broken link fails the build)
 docs: $(STAMP)
