@@ -30,10 +30,12 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from helpers.env import env_flag
+from helpers.files import temporary_sibling
 from helpers.logs import quieted
 from helpers.plain import plain
 
@@ -141,11 +143,14 @@ def _ensure_sqlite_store(db: Path) -> None:
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     db.parent.mkdir(parents=True, exist_ok=True)
-    partial = db.with_name(f".{db.name}.{os.getpid()}")
-    shutil.copyfile(template, partial)
-    if not db.exists():
-        os.replace(partial, db)
-    partial.unlink(missing_ok=True)
+    partial = temporary_sibling(db)
+    try:
+        shutil.copyfile(template, partial)
+        # a link, not helpers.files.atomic_write's replace: a store another process made meanwhile is kept
+        with contextlib.suppress(FileExistsError):
+            os.link(partial, db)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def client_for(uri: str):
@@ -262,75 +267,114 @@ def log_notebook_run(*, metrics: dict[str, Any], params: dict[str, Any] | None =
     uri = resolve_tracking_uri(tracking_uri)
     if uri in _failed_uris:
         return None
-    client, run_id = None, None
+    notebook = notebook or notebook_name()
+    content = _RunContent(metrics, params or {}, history, figure, figure_path, tuple(artifacts))
     try:
         client = client_for(uri)
-        from mlflow.entities import Metric, Param, RunTag
-
-        notebook = notebook or notebook_name()
-        figure_error = None
         with _quiet():
-            gallery_run = os.environ.get(ENV_RUN_ID)
-            run_tags = {"gallery.notebook": notebook, "gallery.host": platform.node(),
-                        "mlflow.source.name": f"notebooks/{notebook}.ipynb", "mlflow.source.type": "NOTEBOOK"}
-            if gallery_run:
-                run_tags["gallery.run_id"] = gallery_run
-            run_tags.update(tags or {})
-            existing_params: dict[str, str] = {}
-            existing_metrics: set[str] = set()
-            if continue_run:  # the notebook's own MLflow run (Lightning's or Ray's logger): add to it
-                run = client.get_run(continue_run)
-                run_id, experiment_id = run.info.run_id, run.info.experiment_id
-                existing_params, existing_metrics = dict(run.data.params), set(run.data.metrics)
-                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags.items()
-                                               if k not in ("mlflow.source.name", "mlflow.source.type")])
+            if continue_run:
+                info, figure_error = _add_to_run(client, continue_run, _run_tags(notebook, tags), content)
             else:
-                experiment_id = _experiment_id(client, notebook, uri)
-                run_name = f"{notebook} {gallery_run or time.strftime('%Y%m%d-%H%M%S')}"
-                run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
-                run_id = run.info.run_id
-            now = int(time.time() * 1000)
-            logged = [Metric(_key(k), v, now, s) for k, v, s in history_metrics(history)
-                      if _key(k) not in existing_metrics]  # what the notebook's logger already logged stays
-            last_step = max((m.step for m in logged), default=0)
-            finals, text = [], []
-            for key, value in metrics.items():
-                number = _number(value)
-                if number is None:
-                    text.append(RunTag(f"metric.{_key(key)}", str(value)[:5000]))
-                else:
-                    finals.append(Metric(_key(key), number, now, last_step))
-            logged += finals
-            # MLflow params are immutable: one the run already has is not logged again
-            param_list = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()
-                          if _key(k) not in existing_params]
-            for batch in _chunks(logged, 1000):
-                client.log_batch(run_id, metrics=batch)
-            for batch in _chunks(param_list, 100):
-                client.log_batch(run_id, params=batch)
-            if text:
-                client.log_batch(run_id, tags=text)
-            try:  # a figure MLflow cannot save must not lose the run
-                if figure_path is not None and Path(figure_path).exists():
-                    client.log_artifact(run_id, str(figure_path))
-                elif figure is not None:
-                    client.log_figure(run_id, figure, "figure.png")
-            except Exception as e:
-                figure_error = e
-            for path in artifacts:
-                client.log_artifact(run_id, str(path))
-            if not continue_run:
-                client.set_terminated(run_id, status=status)
-        if figure_error is not None:  # (outside _quiet, which silences warnings)
-            warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: "
-                          f"{figure_error})", TrackingWarning, stacklevel=3)
-        return {"run_id": run_id, "experiment_id": experiment_id}
+                info, figure_error = _log_new_run(client, uri, notebook, _run_tags(notebook, tags), content,
+                                                  status)
     except Exception as e:
-        if client is not None and run_id is not None and not continue_run:
-            with contextlib.suppress(Exception), _quiet():
-                client.set_terminated(run_id, status="FAILED")
         warn_once(uri, e)
         return None
+    if figure_error is not None:  # (outside _quiet, which silences warnings)
+        warnings.warn(f"MLflow could not store the figure ({type(figure_error).__name__}: "
+                      f"{figure_error})", TrackingWarning, stacklevel=3)
+    return info
+
+
+@dataclass(frozen=True)
+class _RunContent:
+    """What a notebook run logs, to a new run or to the notebook's own."""
+
+    metrics: dict[str, Any]
+    params: dict[str, Any]
+    history: Any
+    figure: Any
+    figure_path: str | Path | None
+    artifacts: tuple[str | Path, ...]
+
+
+_SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type")  # set when a run is created, not after
+
+
+def _run_tags(notebook: str, tags: dict[str, str] | None) -> dict[str, str]:
+    run_tags = {"gallery.notebook": notebook, "gallery.host": platform.node(),
+                _SOURCE_TAGS[0]: f"notebooks/{notebook}.ipynb", _SOURCE_TAGS[1]: "NOTEBOOK"}
+    if os.environ.get(ENV_RUN_ID):
+        run_tags["gallery.run_id"] = os.environ[ENV_RUN_ID]
+    run_tags.update(tags or {})
+    return run_tags
+
+
+def _log_new_run(client, uri: str, notebook: str, run_tags: dict[str, str], content: _RunContent,
+                 status: str) -> tuple[dict[str, str], Exception | None]:
+    """A new run in the notebook's experiment, ended with `status` (FAILED when logging it failed)."""
+    experiment_id = _experiment_id(client, notebook, uri)
+    run_name = f"{notebook} {os.environ.get(ENV_RUN_ID) or time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = client.create_run(experiment_id, run_name=run_name, tags=run_tags).info.run_id
+    try:
+        figure_error = _log_content(client, run_id, content)
+        client.set_terminated(run_id, status=status)
+    except Exception:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, status="FAILED")
+        raise
+    return {"run_id": run_id, "experiment_id": experiment_id}, figure_error
+
+
+def _add_to_run(client, run_id: str, run_tags: dict[str, str],
+                content: _RunContent) -> tuple[dict[str, str], Exception | None]:
+    """Add to the notebook's own run (Lightning's or Ray's logger), which that logger ends: what it logged
+    stays, params and per-step metrics included."""
+    from mlflow.entities import RunTag
+
+    run = client.get_run(run_id)
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in run_tags.items() if k not in _SOURCE_TAGS])
+    figure_error = _log_content(client, run_id, content, set(run.data.params), set(run.data.metrics))
+    return {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id}, figure_error
+
+
+def _log_content(client, run_id: str, content: _RunContent, existing_params: set[str] = frozenset(),
+                 existing_metrics: set[str] = frozenset()) -> Exception | None:
+    """Log the history, the final metrics (at the history's last step; text ones as tags), the params the
+    run lacks (MLflow params are immutable), the figure and the artifacts; the error of a figure MLflow
+    could not store (it must not lose the run)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    logged = [Metric(_key(k), v, now, s) for k, v, s in history_metrics(content.history)
+              if _key(k) not in existing_metrics]
+    last_step = max((m.step for m in logged), default=0)
+    text = []
+    for key, value in content.metrics.items():
+        number = _number(value)
+        if number is None:
+            text.append(RunTag(f"metric.{_key(key)}", str(value)[:5000]))
+        else:
+            logged.append(Metric(_key(key), number, now, last_step))
+    params = [Param(_key(k), str(v)[:6000]) for k, v in content.params.items()
+              if _key(k) not in existing_params]
+    for batch in _chunks(logged, 1000):
+        client.log_batch(run_id, metrics=batch)
+    for batch in _chunks(params, 100):
+        client.log_batch(run_id, params=batch)
+    if text:
+        client.log_batch(run_id, tags=text)
+    figure_error = None
+    try:
+        if content.figure_path is not None and Path(content.figure_path).exists():
+            client.log_artifact(run_id, str(content.figure_path))
+        elif content.figure is not None:
+            client.log_figure(run_id, content.figure, "figure.png")
+    except Exception as e:
+        figure_error = e
+    for path in content.artifacts:
+        client.log_artifact(run_id, str(path))
+    return figure_error
 
 
 def attach_artifacts(run_id: str, paths: list[str | Path], tracking_uri: str | None = None) -> bool:

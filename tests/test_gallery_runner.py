@@ -251,3 +251,19 @@ def test_record_metrics_adds_to_the_notebooks_own_mlflow_run(monkeypatch, tmp_pa
     assert run.info.run_id == own.info.run_id and run.info.status == "FINISHED"
     assert run.data.params == {"lr": "0.01", "epochs": "2"} and run.data.tags["gallery.run_id"] == "run-42"
     assert run.data.metrics == {"train_loss": 1.0, "val": 0.5, "recall": 0.3}  # its own losses kept
+
+
+def test_a_run_whose_logging_fails_ends_failed_and_warns(monkeypatch, tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv(tracking.ENV_SWITCH, "on")
+    monkeypatch.setattr(tracking, "_failed_uris", set())
+    with pytest.warns(tracking.TrackingWarning, match="failed"):
+        info = tracking.log_notebook_run(metrics={"accuracy": 0.5, "device": "cpu"}, tracking_uri=uri,
+                                         notebook="97_failing", artifacts=[tmp_path / "missing.html"])
+    assert info is None
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("97_failing").experiment_id])
+    assert run.info.status == "FAILED" and run.data.metrics == {"accuracy": 0.5}
+    assert run.data.tags["metric.device"] == "cpu" and run.data.tags["gallery.notebook"] == "97_failing"
