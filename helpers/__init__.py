@@ -8,49 +8,19 @@ changes nothing: `python -m helpers.gallery --list` or a report stays quick. Imp
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-_PUBLIC = {
-    "DistributedFunction": "helpers.launch",
-    "LaunchError": "helpers.launch",
-    "LaunchOptions": "helpers.launch",
-    "LaunchPlan": "helpers.launch",
-    "RankError": "helpers.launch",
-    "RankFailedError": "helpers.launch",
-    "distributed": "helpers.launch",
-    "plan_launch": "helpers.launch",
-    "preload": "helpers.launch",
-    "ray_session": "helpers.launch",
-    "WorkerContext": "helpers.context",
-    "worker_context": "helpers.context",
-    "record_metrics": "helpers.metrics",
-    "progress_bar": "helpers.progress",
-    "check_against_reference": "helpers.reference",
+# The public names, each with the module it loads from: the one listing (`__all__` and the lookup follow it).
+_PUBLIC_BY_MODULE = {
+    "helpers.launch": ("DistributedFunction", "LaunchError", "LaunchOptions", "LaunchPlan", "RankError",
+                       "RankFailedError", "distributed", "plan_launch", "preload", "ray_session"),
+    "helpers.context": ("WorkerContext", "worker_context"),
+    "helpers.metrics": ("record_metrics",),
+    "helpers.progress": ("progress_bar",),
+    "helpers.reference": ("check_against_reference",),
 }
-
-__all__ = [
-    "DistributedFunction", "LaunchError", "LaunchOptions", "LaunchPlan", "RankError", "RankFailedError",
-    "WorkerContext", "check_against_reference", "distributed", "plan_launch", "preload", "progress_bar",
-    "ray_session", "record_metrics", "worker_context",
-]
-
-if TYPE_CHECKING:
-    from helpers.context import WorkerContext, worker_context
-    from helpers.launch import (
-        DistributedFunction,
-        LaunchError,
-        LaunchOptions,
-        LaunchPlan,
-        RankError,
-        RankFailedError,
-        distributed,
-        plan_launch,
-        preload,
-        ray_session,
-    )
-    from helpers.metrics import record_metrics
-    from helpers.progress import progress_bar
-    from helpers.reference import check_against_reference
+_PUBLIC = {name: module for module, names in _PUBLIC_BY_MODULE.items() for name in names}
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:

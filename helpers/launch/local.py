@@ -31,10 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from helpers.launch import _compat, local_worker
-from helpers.launch.errors import RankExit, RankFailedError, job_failure
+from helpers.launch.errors import RankExit, job_failure
 from helpers.launch.options import (
     LOCAL,
     LaunchOptions,
@@ -43,7 +41,7 @@ from helpers.launch.options import (
     plan_launch,
     plan_threads,
 )
-from helpers.launch.payload import Payload, serialise_call
+from helpers.launch.payload import Payload, load_results, serialise_call
 from helpers.logs import quieted
 from helpers.progress import watch_progress_dir
 
@@ -251,14 +249,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
                 if getattr(e, "sigval", None) == signal.SIGINT:
                     raise KeyboardInterrupt("interrupted: every worker process was stopped") from None
                 raise
-        results = []
-        for rank in range(plan.processes):
-            path = local_worker.result_path(run_dir, rank)
-            if not path.exists():
-                raise RankFailedError(f"rank {rank} finished without storing a return value", rank=rank,
-                                      world_size=plan.processes)
-            results.append(cloudpickle.loads(path.read_bytes()))
-        return results
+        return load_results(local_worker.stored_results(run_dir, plan.processes), plan.processes)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -15,22 +15,29 @@ from pathlib import Path
 
 import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
 
+from helpers.files import atomic_write
 from helpers.launch import _compat
 from helpers.launch.errors import RankFailure
-from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_result
+from helpers.launch.payload import (
+    KEPT_PREFIXES_BY,
+    LOCAL_RANKS,
+    Payload,
+    destroy_leftover_process_group,
+    kept_variables,
+    serialise_result,
+)
 
-# Variables the elastic agent sets for each worker; the driver's copies (if any) must not replace them.
-ELASTIC_KEYS = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-})
-ELASTIC_PREFIXES = ("TORCHELASTIC_",)
 PROGRESS_FOLDER = "progress"  # under the launch folder: rank 0's bar states (helpers.progress)
 
 
 def result_path(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / f"result-{rank}.pkl"
+
+
+def stored_results(run_dir: str | Path, world_size: int) -> dict[int, bytes]:
+    """{rank: its serialised return value} for every rank that stored one."""
+    paths = {rank: result_path(run_dir, rank) for rank in range(world_size)}
+    return {rank: path.read_bytes() for rank, path in paths.items() if path.exists()}
 
 
 def failure_path(run_dir: str | Path, rank: int, attempt: int) -> Path:
@@ -41,12 +48,6 @@ def read_failures(run_dir: str | Path) -> list[RankFailure]:
     """Every failure the ranks of this launch recorded, all attempts; unreadable files are skipped."""
     records = (RankFailure.from_bytes(path.read_bytes()) for path in Path(run_dir).glob("error-*.pkl"))
     return [r for r in records if r is not None]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _exit_with(launcher_pid: int, interval: float = 1.0) -> None:
@@ -96,16 +97,17 @@ def run(payload_path: str, run_dir: str, launcher_pid: int | None = None) -> Non
 def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
     try:
         payload = Payload.from_bytes(Path(payload_path).read_bytes())
-        payload.apply(same_machine=True, worker_keys=ELASTIC_KEYS, worker_prefixes=ELASTIC_PREFIXES,
+        payload.apply(same_machine=True, worker_keys=kept_variables(LOCAL_RANKS),
+                      worker_prefixes=KEPT_PREFIXES_BY[LOCAL_RANKS],
                       progress_dir=Path(run_dir) / PROGRESS_FOLDER)
         _compat.prefix_store_keys_by_attempt(attempt)
         fn, args, kwargs = payload.load_call()
         result = fn(*args, **kwargs)
-        _atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
+        atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
     except BaseException as exc:
         try:
             record = RankFailure.capture(exc, rank, attempt)
-            _atomic_write(failure_path(run_dir, rank, attempt), record.to_bytes())
+            atomic_write(failure_path(run_dir, rank, attempt), record.to_bytes())
         except Exception:  # a full disk must not hide the rank's own exception
             pass
         raise

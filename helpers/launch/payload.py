@@ -15,21 +15,43 @@ import gc
 import os
 import pickle
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
-from helpers.context import BACKEND_ENV
+from helpers.context import BACKEND_ENV, NODE_ENV
+from helpers.launch.errors import RankFailedError
 from helpers.launch.options import LaunchError
 from helpers.progress import ENV_DIR, ENV_SWITCH
 
-# What belongs to the caller's Python environment: a rank running another environment's interpreter keeps
-# its own.
-_ENVIRONMENT_KEYS = frozenset({"PATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX",
-                               "CONDA_DEFAULT_ENV", "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"})
+# Which rank keeps its own value of a variable rather than taking the caller's: a rank of the local launcher
+# (torch elastic sets these per rank), a Ray Train worker (Ray or the Ray launcher sets them), a rank running
+# another environment's interpreter (launch option python=; its Python environment is not the caller's).
+LOCAL_RANKS, RAY_WORKERS, OTHER_PYTHON_RANKS = "local", "ray", "other python"
+KEPT_BY: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "OMP_NUM_THREADS"), (LOCAL_RANKS, RAY_WORKERS)),
+    **dict.fromkeys(("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                     "TORCH_NCCL_ASYNC_ERROR_HANDLING"), (LOCAL_RANKS,)),
+    **dict.fromkeys(("NODE_RANK", "CUDA_VISIBLE_DEVICES", "ACCELERATE_TORCH_DEVICE", "PWD", NODE_ENV),
+                    (RAY_WORKERS,)),
+    **dict.fromkeys(("PATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+                     "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"), (OTHER_PYTHON_RANKS,)),
+}
+# The same by prefix: torch elastic's per-rank variables, and Ray's own.
+KEPT_PREFIXES_BY: dict[str, tuple[str, ...]] = {LOCAL_RANKS: ("TORCHELASTIC_",),
+                                                RAY_WORKERS: ("RAY_", "TORCHELASTIC_")}
+
+
+def kept_variables(rank_kind: str) -> frozenset[str]:
+    """The variables a rank of this kind (LOCAL_RANKS, RAY_WORKERS, OTHER_PYTHON_RANKS) keeps as its own.
+    """
+    return frozenset(name for name, kinds in KEPT_BY.items() if rank_kind in kinds)
+
+
 _PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open "
                "files, locks, sockets, process groups or CUDA objects inside the function.")
 
@@ -135,7 +157,7 @@ class Payload:
         for key, value in self.env.items():
             if key in worker_keys or key.startswith(worker_prefixes):
                 continue
-            if other_environment and key in _ENVIRONMENT_KEYS:
+            if other_environment and key in kept_variables(OTHER_PYTHON_RANKS):
                 continue
             if same_machine:
                 os.environ[key] = value
@@ -190,6 +212,15 @@ class Payload:
         fn, args, kwargs = cloudpickle.loads(self.call)
         gc.freeze()
         return fn, args, kwargs
+
+
+def load_results(stored: Mapping[int, bytes], world_size: int) -> list[Any]:
+    """Every rank's return value, in rank order, from what the ranks stored (serialise_result's bytes)."""
+    missing = [rank for rank in range(world_size) if rank not in stored]
+    if missing:
+        raise RankFailedError(f"rank {missing[0]} finished without storing a return value", rank=missing[0],
+                              world_size=world_size)
+    return [cloudpickle.loads(stored[rank]) for rank in range(world_size)]
 
 
 def destroy_leftover_process_group() -> None:

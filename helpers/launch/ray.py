@@ -57,12 +57,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from helpers.context import NODE_ENV
 from helpers.env import temporary_environ
 from helpers.launch import _compat
-from helpers.launch.errors import RankExit, RankFailedError, RankFailure, job_failure
+from helpers.launch.errors import RankExit, RankFailure, job_failure
 from helpers.launch.options import (
     DEFAULT_CPU_PROCESSES,
     RAY,
@@ -72,17 +70,20 @@ from helpers.launch.options import (
     plan_launch,
     plan_threads,
 )
-from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_call, serialise_result
+from helpers.launch.payload import (
+    KEPT_PREFIXES_BY,
+    RAY_WORKERS,
+    Payload,
+    destroy_leftover_process_group,
+    kept_variables,
+    load_results,
+    serialise_call,
+    serialise_result,
+)
 from helpers.launch.ray_instance import ray_session
 from helpers.progress import relay_ray_progress
 
 _POLL_SECONDS = 0.2
-# Variables Ray (or this module) sets per worker; the caller's copies must not replace them.
-WORKER_KEYS = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCELERATE_TORCH_DEVICE", "PWD", NODE_ENV,
-})
-WORKER_PREFIXES = ("RAY_", "TORCHELASTIC_")
 
 
 # --------------------------------------------------------------------------------------- the collector
@@ -193,7 +194,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     attempt = ray.get(collector.start.remote(rank))
     payload = Payload.from_bytes(ray.get(config["payload"]))
-    payload.apply(same_machine=False, worker_keys=WORKER_KEYS, worker_prefixes=WORKER_PREFIXES)
+    payload.apply(same_machine=False, worker_keys=kept_variables(RAY_WORKERS),
+                  worker_prefixes=KEPT_PREFIXES_BY[RAY_WORKERS])
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
     os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()
 
@@ -337,8 +339,4 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
         if error is not None:
             raise job_failure(failures, plan.processes, _rank_exit(error),
                               logs="Ray's logs are in the session folder") from None
-        missing = [r for r in range(plan.processes) if r not in results]
-        if missing:
-            raise RankFailedError(f"rank {missing[0]} finished without storing a return value",
-                                  rank=missing[0], world_size=plan.processes)
-        return [cloudpickle.loads(results[r]) for r in range(plan.processes)]
+        return load_results(results, plan.processes)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from helpers.files import write_json
 from helpers.progress import view as views
 from helpers.progress.settings import ENV_DIR, MIN_INTERVAL, RELAY_NAME, switch
 from helpers.progress.view import ProgressView, draw_while_running
@@ -101,9 +102,7 @@ class _FileSink:
         self._path = Path(folder) / f"{key.replace(':', '-')}.json"
 
     def __call__(self, state: dict[str, Any]) -> None:
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self._path)
+        write_json(self._path, state)
 
 
 class _RaySink:
