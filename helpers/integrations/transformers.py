@@ -109,6 +109,27 @@ def gather_shares(values: list[Any], real: int, total: int) -> list[Any]:
     return ordered
 
 
+def _answer_sequences(tokenizer: Any, rows: list[dict[str, Any]], real: int) -> list[tuple[list[int], int]]:
+    """Each conversation's tokens and where its answer starts, the answer being what the full conversation's
+    chat template adds to the prompt's; the rows from `real` on (a `rank_share`'s padding) get no answer
+    tokens, so they count for nothing."""
+    sequences = []
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False,
+                                               add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        if not full.startswith(prompt):
+            raise ValueError("the chat template renders the conversation without its prompt as a prefix: "
+                             f"the answer tokens cannot be told apart ({prompt[-40:]!r})")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        whole = tokenizer(full, add_special_tokens=False)["input_ids"]
+        # as TRL does: the completion is what the whole conversation's tokens add to the prompt's
+        answer = whole[len(ids):] if whole[:len(ids)] == ids else tokenizer(full[len(prompt):],
+                                                                             add_special_tokens=False)["input_ids"]
+        sequences.append((ids + answer, len(ids)))
+    return [(ids, start if k < real else len(ids)) for k, (ids, start) in enumerate(sequences)]
+
+
 def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: int = 64,
                 device: Any = None, over_ranks: bool = False) -> float:
     """Mean cross-entropy per answer token of held-out conversations: each conversation's last (assistant)
@@ -125,22 +146,7 @@ def answer_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]], batch: i
     real = len(rows)
     if world > 1:
         rows, real = rank_share(rows)
-    sequences = []
-    for row in rows:
-        prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False,
-                                               add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
-        if not full.startswith(prompt):
-            raise ValueError("the chat template renders the conversation without its prompt as a prefix: "
-                             f"the answer tokens cannot be told apart ({prompt[-40:]!r})")
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        whole = tokenizer(full, add_special_tokens=False)["input_ids"]
-        # as TRL does: the completion is what the whole conversation's tokens add to the prompt's
-        answer = whole[len(ids):] if whole[:len(ids)] == ids else tokenizer(full[len(prompt):],
-                                                                             add_special_tokens=False)["input_ids"]
-        sequences.append((ids + answer, len(ids)))
-    # the padding rows of a rank_share count for nothing: no answer tokens
-    sequences = [(ids, start if k < real else len(ids)) for k, (ids, start) in enumerate(sequences)]
+    sequences = _answer_sequences(tokenizer, rows, real)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     was_training = model.training
     model.eval()
