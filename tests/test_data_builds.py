@@ -105,3 +105,14 @@ def test_two_processes_building_one_folder_at_once_build_it_once(tmp_path):
     assert [reused for reused, _, _ in outcomes] == [False, True], outcomes
     assert {pid for _, pid, _ in outcomes} == {first.pid}, "both must report the first process's build"
     assert {text for _, _, text in outcomes} == {"whole build"}, "a reader saw a half-written build"
+
+
+def test_digest_is_the_hash_of_the_sorted_json_of_the_arguments():
+    import hashlib
+
+    from helpers.data.builds import digest
+
+    args = {"b": 1, "a": (2, 3)}
+    assert digest(args) == hashlib.sha256(b'{"a": [2, 3], "b": 1}').hexdigest()
+    assert digest(args, 10, "sha1") == hashlib.sha1(b'{"a": [2, 3], "b": 1}').hexdigest()[:10]
+    assert digest({"a": [2, 3], "b": 1}, 12) == digest(args, 12)

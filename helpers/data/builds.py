@@ -14,6 +14,7 @@ second waits for the first and then reuses its build instead of deleting the fil
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterable
@@ -33,12 +34,23 @@ class Build:
     reused: bool  # True: an identical build was already there
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest at `path`, or None when it is missing, half written or not a manifest."""
+def digest(args: Any, length: int = 64, algorithm: str = "sha256") -> str:
+    """A short name for build arguments (JSON data), the same in every process: the hash of their JSON
+    with sorted keys, as a cache folder's name."""
+    return hashlib.new(algorithm, json.dumps(args, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def read_json(path: Path) -> Any:
+    """The JSON at `path`, or None when it is missing or unreadable (half written by a build that died)."""
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at `path`, or None when it is missing, half written or not a manifest."""
+    data = read_json(path)
     return data if isinstance(data, dict) and "args" in data else None
 
 

@@ -17,13 +17,12 @@ own file in this format is checked by :func:`validate_sft_jsonl` before any proc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Any
 
-from helpers.data.builds import reuse_or_build
+from helpers.data.builds import digest, reuse_or_build
 from helpers.paths import cache_dir
 
 TASKS = ("reverse", "sort", "add")
@@ -95,7 +94,7 @@ def build_sft_tasks(task: str = "reverse", n_train: int = 4000, n_test: int = 20
                          "exist: lower n_train/n_test" + ("" if task == "add" else " or raise max_len") + ".")
     args = {"task": task, "n_train": n_train, "n_test": n_test, "seed": seed, "min_len": min_len,
             "max_len": max_len, "version": _FORMAT_VERSION}
-    key = hashlib.sha1(json.dumps(args, sort_keys=True).encode()).hexdigest()[:10]
+    key = digest(args, 10, "sha1")
     folder = Path(root) if root is not None else cache_dir("sft_tasks", f"{task}-{key}")
     paths = {"train": folder / "train.jsonl", "test": folder / "test.jsonl"}
 

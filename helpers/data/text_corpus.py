@@ -15,7 +15,6 @@ from those files the way both lessons that use them (04, 10) do: as a function o
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import sysconfig
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from helpers.data.builds import reuse_or_build
+from helpers.data.builds import digest, reuse_or_build
 from helpers.paths import cache_dir
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ def build_text_corpus(data_path: str | Path | None = None, *, seed: int = 0, max
     if total < MIN_BYTES:
         raise ValueError(f"the corpus at {args['source']!r} holds {total} bytes; at least {MIN_BYTES} are "
                          "needed for a train/validation split. Point data_path at more text.")
-    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    key = digest(args, 16)
     out = Path(root) if root is not None else cache_dir("text_corpus", key)
     train_path, val_path = out / "train.bin", out / "val.bin"
 
