@@ -37,13 +37,17 @@ class MovieLensFiles:
         return str(cache_dir("movielens-mds") / f"train-{self.ratings_csv.parent.name}-h{holdout}")
 
 
-def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataFrame:
-    """Check a ratings table is in MovieLens format; return it with integer ids. Raise what to fix if not."""
-    missing = [c for c in RATINGS_COLUMNS if c not in ratings.columns]
+def _require_columns(table: pd.DataFrame, columns: tuple[str, ...], source: str, file: str) -> None:
+    missing = [c for c in columns if c not in table.columns]
     if missing:
         raise MovieLensFormatError(
-            f"{source} is missing column(s) {missing}; it has {list(ratings.columns)[:10]}. A MovieLens "
-            f"ratings.csv has the header {','.join(RATINGS_COLUMNS)}: rename your columns to these names.")
+            f"{source} is missing column(s) {missing}; it has {list(table.columns)[:10]}. A MovieLens "
+            f"{file} has the header {','.join(columns)}: rename your columns to these names.")
+
+
+def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataFrame:
+    """Check a ratings table is in MovieLens format; return it with integer ids. Raise what to fix if not."""
+    _require_columns(ratings, RATINGS_COLUMNS, source, "ratings.csv")
     if len(ratings) == 0:
         raise MovieLensFormatError(f"{source} has no rows.")
     out = ratings.copy()
@@ -63,11 +67,7 @@ def validate_ratings(ratings: pd.DataFrame, source: str = "ratings") -> pd.DataF
 
 def validate_movies(movies: pd.DataFrame, source: str = "movies") -> pd.DataFrame:
     """Check a movies table (movieId,title,genres with '|'-separated genres); return it with integer ids."""
-    missing = [c for c in MOVIES_COLUMNS if c not in movies.columns]
-    if missing:
-        raise MovieLensFormatError(
-            f"{source} is missing column(s) {missing}; it has {list(movies.columns)[:10]}. A MovieLens "
-            f"movies.csv has the header {','.join(MOVIES_COLUMNS)}.")
+    _require_columns(movies, MOVIES_COLUMNS, source, "movies.csv")
     out = movies.copy()
     out["movieId"] = _as_int(out["movieId"], "movieId", source)
     if out["movieId"].duplicated().any():

@@ -119,59 +119,84 @@ def compare(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
     regression. Timings (seconds, throughput) depend on the machine's load and are skipped unless
     `timings`. A notebook that passed before and fails now is a regression.
     """
-    tolerances = tolerances or {}
+    rules = _Rules(tolerance, tolerances or {}, abs_tolerance, timings, directions)
     changes, within = [], 0
     for name in sorted(set(before) | set(after)):
         if name not in after:
             changes.append(Change(name, "(notebook)", "ran", "not run", "missing"))
-            continue
-        if name not in before:
+        elif name not in before:
             changes.append(Change(name, "(notebook)", "not run", after[name].get("status"), "added"))
-            continue
-        a, b = before[name], after[name]
-        if a.get("status") == "passed" and b.get("status") not in (None, "passed"):
-            changes.append(Change(name, "(status)", "passed", b.get("status"), "regression",
-                                  "the notebook now fails"))
-        elif a.get("status") not in (None, "passed") and b.get("status") == "passed":
-            changes.append(Change(name, "(status)", a.get("status"), "passed", "fixed"))
-        ma, mb = dict(a.get("metrics") or {}), dict(b.get("metrics") or {})
-        if timings and a.get("seconds") is not None and b.get("seconds") is not None:
-            ma["wall_seconds"], mb["wall_seconds"] = a["seconds"], b["seconds"]
-        for metric in sorted(set(ma) | set(mb), key=lambda k: (list(ma) + list(mb)).index(k)):
-            if _TIMING.search(metric) and not timings:
-                continue
-            if metric not in mb:
-                if b.get("status") == "passed" or b.get("status") is None:
-                    changes.append(Change(name, metric, ma[metric], None, "missing"))
-                continue
-            if metric not in ma:
-                changes.append(Change(name, metric, None, mb[metric], "added"))
-                continue
-            va, vb = ma[metric], mb[metric]
-            numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
-            numeric = numbers and (isinstance(va, float) or isinstance(vb, float))
-            if not numeric:
-                if va != vb:
-                    changes.append(Change(name, metric, va, vb, "changed", "configuration or count"))
-                else:
-                    within += 1
-                continue
-            if not (math.isfinite(va) and math.isfinite(vb)):
-                changes.append(Change(name, metric, va, vb, "regression", "not finite"))
-                continue
-            tol = tolerances.get(f"{name}:{metric}", tolerances.get(metric, tolerance))
-            if abs(vb - va) <= max(tol * abs(va), abs_tolerance):
-                within += 1
-                continue
-            better = direction(metric, directions)
-            if better == "either":
-                changes.append(Change(name, metric, va, vb, "regression",
-                                      "moved; direction unknown (say which way is better with --direction)"))
-            elif (vb > va) == (better == "higher"):
-                changes.append(Change(name, metric, va, vb, "improved", f"{better} is better"))
-            else:
-                changes.append(Change(name, metric, va, vb, "regression", f"{better} is better"))
+        else:
+            found, same = _compare_notebook(name, before[name], after[name], rules)
+            changes += found
+            within += same
     return changes, within
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """What `compare` was asked: the tolerances, whether timings count, which way is better."""
+
+    tolerance: float
+    tolerances: dict[str, float]
+    abs_tolerance: float
+    timings: bool
+    directions: dict[str, str] | None
+
+    def tolerance_for(self, notebook: str, metric: str) -> float:
+        return self.tolerances.get(f"{notebook}:{metric}", self.tolerances.get(metric, self.tolerance))
+
+
+def _status_change(name: str, a: dict[str, Any], b: dict[str, Any]) -> Change | None:
+    if a.get("status") == "passed" and b.get("status") not in (None, "passed"):
+        return Change(name, "(status)", "passed", b.get("status"), "regression", "the notebook now fails")
+    if a.get("status") not in (None, "passed") and b.get("status") == "passed":
+        return Change(name, "(status)", a.get("status"), "passed", "fixed")
+    return None
+
+
+def _compare_notebook(name: str, a: dict[str, Any], b: dict[str, Any],
+                      rules: _Rules) -> tuple[list[Change], int]:
+    """One notebook's changes (its status, then its metrics in the order they were recorded) and how many
+    of its metrics stayed within tolerance."""
+    status = _status_change(name, a, b)
+    changes, within = [status] if status else [], 0
+    ma, mb = dict(a.get("metrics") or {}), dict(b.get("metrics") or {})
+    if rules.timings and a.get("seconds") is not None and b.get("seconds") is not None:
+        ma["wall_seconds"], mb["wall_seconds"] = a["seconds"], b["seconds"]
+    for metric in sorted(set(ma) | set(mb), key=lambda k: (list(ma) + list(mb)).index(k)):
+        if _TIMING.search(metric) and not rules.timings:
+            continue
+        if metric not in mb:
+            if b.get("status") == "passed" or b.get("status") is None:
+                changes.append(Change(name, metric, ma[metric], None, "missing"))
+            continue
+        if metric not in ma:
+            changes.append(Change(name, metric, None, mb[metric], "added"))
+            continue
+        change = _compare_metric(name, metric, ma[metric], mb[metric], rules)
+        if change is None:
+            within += 1
+        else:
+            changes.append(change)
+    return changes, within
+
+
+def _compare_metric(name: str, metric: str, va: Any, vb: Any, rules: _Rules) -> Change | None:
+    """The change of one metric present in both runs; None when it stayed within tolerance."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+    if not (numbers and (isinstance(va, float) or isinstance(vb, float))):
+        return Change(name, metric, va, vb, "changed", "configuration or count") if va != vb else None
+    if not (math.isfinite(va) and math.isfinite(vb)):
+        return Change(name, metric, va, vb, "regression", "not finite")
+    if abs(vb - va) <= max(rules.tolerance_for(name, metric) * abs(va), rules.abs_tolerance):
+        return None
+    better = direction(metric, rules.directions)
+    if better == "either":
+        return Change(name, metric, va, vb, "regression",
+                      "moved; direction unknown (say which way is better with --direction)")
+    verdict = "improved" if (vb > va) == (better == "higher") else "regression"
+    return Change(name, metric, va, vb, verdict, f"{better} is better")
 
 
 def format_changes(changes: list[Change], within: int, label_a: str, label_b: str, tolerance: float) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 from helpers import tracking
 from helpers.env import temporary_environ
+from helpers.files import atomic_write, write_json
 from helpers.gallery.errors import GalleryError
 from helpers.gallery.execute import execute_notebook, notebook_parameters
 from helpers.gallery.notebook_io import first_error, record_metadata
@@ -238,7 +238,7 @@ def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, 
                   started: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
     data = {"run": run_dir.name, "started": started, "host": host, "tracking_uri": tracking_uri,
             "notebooks": [asdict(r) for r in results]}
-    (run_dir / "summary.json").write_text(json.dumps(data, indent=2, default=str))
+    write_json(run_dir / "summary.json", data, indent=2, default=str)  # whole, for a reader watching the run
     gpu_name = f" ({host['gpu_name']})" if host.get("gpu_name") else ""
     tracked = f"; tracking: `{tracking_uri}`" if tracking_uri else ""
     lines = [f"# Gallery run {run_dir.name}", "",
@@ -259,7 +259,7 @@ def write_summary(results: list[NotebookResult], run_dir: Path, host: dict[str, 
     failed = sum(r.status == "failed" for r in results)
     pending = len(results) - passed - failed
     lines += ["", f"{passed} passed, {failed} failed" + (f", {pending} pending" if pending else "")]
-    (run_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    atomic_write(run_dir / "summary.md", "\n".join(lines) + "\n")
     return data
 
 
