@@ -226,6 +226,23 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
     checked for size: detection training ignores them.
     """
     images_dir, annotations_json = Path(images_dir), Path(annotations_json)
+    coco = _read_instances(images_dir, annotations_json)
+    images = {img["id"]: img for img in coco["images"]}
+    absent = [img["file_name"] for img in coco["images"] if not (images_dir / img["file_name"]).is_file()]
+    if absent:
+        raise FileNotFoundError(
+            f"{len(absent)} of the {len(images)} images listed in {annotations_json.name} are missing from "
+            f"{images_dir}, for example {absent[:3]}: copy them there, or remove their entries (and "
+            f"annotations) from the JSON.")
+    categories = {c["id"] for c in coco["categories"]}
+    for ann in coco["annotations"]:
+        _check_annotation(ann, images, categories, annotations_json.name, tolerance)
+    return {"images": len(images), "annotations": len(coco["annotations"]),
+            "categories": {c["id"]: c["name"] for c in coco["categories"]}}
+
+
+def _read_instances(images_dir: Path, annotations_json: Path) -> dict[str, Any]:
+    """The instances JSON, with the lists a detector needs."""
     if not annotations_json.is_file():
         raise FileNotFoundError(
             f"{str(annotations_json)!r} does not exist: a COCO-format split needs its instances JSON "
@@ -245,44 +262,37 @@ def check_coco_detection(images_dir: str | Path, annotations_json: str | Path,
                          f"(expected keys 'images', 'annotations', 'categories').")
     if not coco["categories"]:
         raise ValueError(f"{annotations_json} lists no categories: a detector needs at least one class.")
+    return coco
 
-    images = {img["id"]: img for img in coco["images"]}
-    absent = [img["file_name"] for img in coco["images"] if not (images_dir / img["file_name"]).is_file()]
-    if absent:
-        raise FileNotFoundError(
-            f"{len(absent)} of the {len(images)} images listed in {annotations_json.name} are missing from "
-            f"{images_dir}, for example {absent[:3]}: copy them there, or remove their entries (and "
-            f"annotations) from the JSON.")
-    categories = {c["id"] for c in coco["categories"]}
-    for ann in coco["annotations"]:
-        where = f"annotation id={ann.get('id')} (image_id={ann.get('image_id')})"
-        image = images.get(ann.get("image_id"))
-        if image is None:
-            raise ValueError(
-                f"{where} in {annotations_json.name} refers to an image id the JSON does not list.")
-        if ann.get("category_id") not in categories:
-            raise ValueError(f"{where} in {annotations_json.name} has category_id={ann.get('category_id')}, "
-                             f"not one of the JSON's categories {sorted(categories)}.")
-        bbox = ann.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
-            raise ValueError(f"{where} in {annotations_json.name} has bbox={bbox!r}: COCO boxes are four "
-                             f"numbers [x, y, width, height].")
-        if ann.get("iscrowd", 0):
-            continue
-        x, y, w, h = bbox
-        if w <= 0 or h <= 0 or not all(math.isfinite(v) for v in bbox):
-            raise ValueError(
-                f"{where} in {annotations_json.name} has a degenerate box {bbox} (width and height must be "
-                f"positive; image {image['file_name']!r}): fix or delete that annotation. Such a box makes "
-                f"the detector's box-regression targets infinite.")
-        width, height = image.get("width"), image.get("height")
-        if width is not None and height is not None and (
-                x < -tolerance or y < -tolerance or x + w > width + tolerance or y + h > height + tolerance):
-            raise ValueError(
-                f"{where} in {annotations_json.name} has box {bbox} outside its {width}x{height} image "
-                f"{image['file_name']!r}: clip it to the image or fix the export.")
-    return {"images": len(images), "annotations": len(coco["annotations"]),
-            "categories": {c["id"]: c["name"] for c in coco["categories"]}}
+
+def _check_annotation(ann: dict[str, Any], images: dict[Any, dict[str, Any]], categories: set[Any],
+                      source: str, tolerance: float) -> None:
+    """One annotation: a known image and category, and (unless a crowd) a box of positive size inside its
+    image, within `tolerance` pixels."""
+    where = f"annotation id={ann.get('id')} (image_id={ann.get('image_id')}) in {source}"
+    image = images.get(ann.get("image_id"))
+    if image is None:
+        raise ValueError(f"{where} refers to an image id the JSON does not list.")
+    if ann.get("category_id") not in categories:
+        raise ValueError(f"{where} has category_id={ann.get('category_id')}, "
+                         f"not one of the JSON's categories {sorted(categories)}.")
+    bbox = ann.get("bbox")
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+        raise ValueError(f"{where} has bbox={bbox!r}: COCO boxes are four numbers [x, y, width, height].")
+    if ann.get("iscrowd", 0):
+        return
+    x, y, w, h = bbox
+    if w <= 0 or h <= 0 or not all(math.isfinite(v) for v in bbox):
+        raise ValueError(
+            f"{where} has a degenerate box {bbox} (width and height must be positive; image "
+            f"{image['file_name']!r}): fix or delete that annotation. Such a box makes the detector's "
+            f"box-regression targets infinite.")
+    width, height = image.get("width"), image.get("height")
+    if width is not None and height is not None and (
+            x < -tolerance or y < -tolerance or x + w > width + tolerance or y + h > height + tolerance):
+        raise ValueError(
+            f"{where} has box {bbox} outside its {width}x{height} image {image['file_name']!r}: clip it "
+            f"to the image or fix the export.")
 
 
 
