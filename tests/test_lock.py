@@ -154,3 +154,48 @@ def test_a_package_built_without_isolation_is_installed_after_the_rest(tmp_path)
     assert "axolotl" not in first.read_text() and "torch==2.14.1" in first.read_text()
     with pytest.raises(SystemExit, match=r"--no-build-isolation \['xformers'\]: not pinned"):
         split_lock(lock, ["xformers"], tmp_path)
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_build_installs_the_lock_as_it_is_then_the_unisolated_packages_and_the_project(tmp_path, monkeypatch,
+                                                                                         installer):
+    """The commands `tools/build_venv.py` runs: the lock without resolving (--no-deps), what the overrides
+    leave out removed, the packages built without isolation after the rest, the project editable."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_venv
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    venv, lock = tmp_path / "venv", tmp_path / "requirements.lock"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    lock.write_text("axolotl==0.13.2\ntorch==2.14.1\n")
+    commands = []
+    monkeypatch.setattr(build_venv, "run", lambda cmd, env=None, cwd=None: commands.append(
+        [c if not c.endswith(".first.txt") else "FIRST" for c in cmd]))
+    monkeypatch.setattr(build_venv, "find_uv", lambda python: "uv" if installer == "uv" else None)
+    monkeypatch.setattr(build_venv, "ensure_pip", lambda python: None)
+    monkeypatch.setattr(build_venv, "pip_settings", lambda python=None: {"index-url": ["https://mirror"]})
+    monkeypatch.setattr(build_venv, "excluded_packages", lambda: ["triton"])
+    used = build_venv.build(venv, lock, tmp_path / "project", installer, unisolated=["axolotl"])
+    py, index = str(venv / "bin" / "python"), ["--index-url", "https://mirror"]
+    if installer == "uv":
+        expected = [
+            ["uv", "pip", "install", "--quiet", "--compile-bytecode", "--no-deps", "--python", py, *index,
+             "-r", "FIRST"],
+            ["uv", "pip", "uninstall", "--quiet", "--python", py, "triton"],
+            ["uv", "pip", "install", "--quiet", "--no-deps", "--python", py, *index, "-e",
+             str(tmp_path / "project")],
+            ["uv", "pip", "install", "--quiet", "--compile-bytecode", "--no-deps", "--no-build-isolation",
+             "--python", py, *index, "axolotl==0.13.2"],
+        ]
+    else:
+        expected = [
+            [py, "-m", "pip", "install", "--quiet", "--no-deps", "-r", "FIRST"],
+            [py, "-m", "pip", "uninstall", "--quiet", "--yes", "triton"],
+            [py, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(tmp_path / "project")],
+            [py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "axolotl==0.13.2"],
+        ]
+    assert used == installer and commands == expected

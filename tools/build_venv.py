@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,43 @@ def split_lock(lock: Path, unisolated: list[str], folder: Path) -> tuple[Path, l
     return first, [line.split(";", 1)[0].split("\\", 1)[0].strip() for line in later]
 
 
+@dataclass(frozen=True)
+class Installer:
+    """Installs into the environment of `python`: with uv (given pip's settings as its flags and
+    environment) or, with `uv` None, with that environment's own pip."""
+
+    python: Path
+    uv: str | None = None
+    uv_args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+
+    @property
+    def name(self) -> str:
+        return "pip" if self.uv is None else "uv"
+
+    def install(self, *targets: str, bytecode: bool = True, isolation: bool = True) -> None:
+        """`pip install --no-deps`: the pins as they are, never resolved again. uv writes bytecode only when
+        asked (`bytecode`), pip always."""
+        flags = ["--no-deps", *([] if isolation else ["--no-build-isolation"])]
+        if self.uv is None:
+            run([str(self.python), "-m", "pip", "install", "--quiet", *flags, *targets])
+            return
+        compiled = ["--compile-bytecode"] if bytecode else []
+        run([self.uv, "pip", "install", "--quiet", *compiled, *flags, "--python", str(self.python),
+             *self.uv_args, *targets], self.env)
+
+    def uninstall(self, *packages: str) -> None:
+        if self.uv is None:
+            run([str(self.python), "-m", "pip", "uninstall", "--quiet", "--yes", *packages])
+        else:
+            run([self.uv, "pip", "uninstall", "--quiet", "--python", str(self.python), *packages], self.env)
+
+
+def with_uv(python: Path, uv: str) -> Installer:
+    args, env = uv_arguments(pip_settings(str(python)))
+    return Installer(python, uv, tuple(args), env)
+
+
 def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto",
           unisolated: list[str] | None = None) -> str:
     """Create `venv` (if missing) and install `lock` (and `editable`, without dependencies) into it.
@@ -166,56 +204,24 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     """
     if not lock.is_file():
         raise SystemExit(f"no lock file {lock}: run `make lock` to write it from pyproject.toml")
+    python = venv / "bin" / "python"
     if unisolated:
         import tempfile
 
         with tempfile.TemporaryDirectory() as folder:
             first, later = split_lock(lock, unisolated, Path(folder))
             used = build(venv, first, editable, installer)
-            python = venv / "bin" / "python"
             uv = find_uv(python) if used == "uv" else None
-            if uv is not None:
-                args, env = uv_arguments(pip_settings(str(python)))
-                run([uv, "pip", "install", "--quiet", "--compile-bytecode", "--no-deps",
-                     "--no-build-isolation", "--python", str(python), *args, *later], env)
-            else:
-                run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                     *later])
+            (with_uv(python, uv) if uv is not None else Installer(python)).install(*later, isolation=False)
             return used
-    python = venv / "bin" / "python"
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
     uv = find_uv(python) if installer in ("auto", "uv") else None
     if uv is None and installer == "uv":
         raise SystemExit("--installer uv: uv is not on PATH and could not be installed with pip")
-    excluded = excluded_packages()
     if uv is not None:
-        args, env = uv_arguments(pip_settings(str(python)))
         try:
-            run(
-                [uv, "pip", "install", "--quiet", "--compile-bytecode", "--no-deps", "--python", str(python),
-                 *args, "-r", str(lock)],
-                env,
-            )
-            if excluded:
-                run([uv, "pip", "uninstall", "--quiet", "--python", str(python), *excluded], env)
-            if editable is not None:
-                run(
-                    [
-                        uv,
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--python",
-                        str(python),
-                        *args,
-                        "--no-deps",
-                        "-e",
-                        str(editable),
-                    ],
-                    env,
-                )
-            return "uv"
+            return install_lock(with_uv(python, uv), lock, editable)
         except subprocess.CalledProcessError as e:
             if installer == "uv":
                 raise
@@ -223,12 +229,18 @@ def build(venv: Path, lock: Path, editable: Path | None, installer: str = "auto"
     else:
         print("notice: uv is not available; installing with pip (slower)", flush=True)
     ensure_pip(python)
-    run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-r", str(lock)])
+    return install_lock(Installer(python), lock, editable)
+
+
+def install_lock(installer: Installer, lock: Path, editable: Path | None) -> str:
+    """The lock as it is, less what lock-overrides.txt leaves out, then `editable`; the installer's name."""
+    installer.install("-r", str(lock))
+    excluded = excluded_packages()
     if excluded:
-        run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", *excluded])
+        installer.uninstall(*excluded)
     if editable is not None:
-        run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(editable)])
-    return "pip"
+        installer.install("-e", str(editable), bytecode=False)
+    return installer.name
 
 
 def compile_lock(lock: Path, upgrade: list[str], venv: Path, requirements: Path | None = None,
