@@ -90,7 +90,8 @@ def environ_restored():
     os.environ.update(saved)
 
 
-def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> None:
+def _apply(monkeypatch, tmp_path, setup: payload.RankSetup, env: dict[str, str],
+           prefixes: tuple[str, ...] = ()) -> None:
     for key in ("GALLERY_PAYLOAD_NEW", "HELPERS_PROGRESS", "HELPERS_PROGRESS_DIR"):
         os.environ.pop(key, None)
     os.environ.update(GALLERY_PAYLOAD_OLD="the worker's", RANK="1")
@@ -98,9 +99,9 @@ def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> No
     monkeypatch.chdir(tmp_path)
     p = payload.Payload(call=payload.serialise_call(len, ("abc",), {}), backend="gloo", device="cpu",
                         threads=None, progress=False, env=env, sys_path=("", "/driver/notebooks"),
-                        cwd=str(tmp_path))
+                        cwd=str(tmp_path), prefixes=prefixes)
     p = payload.Payload.from_bytes(p.to_bytes())
-    p.apply(same_machine=same_machine, worker_keys={"RANK"})
+    p.apply(setup)
     fn, args, kwargs = p.load_call()
     assert fn(*args, **kwargs) == 3
     assert os.environ["RANK"] == "1", "a per-worker variable is never replaced"
@@ -108,18 +109,39 @@ def _apply(monkeypatch, tmp_path, same_machine: bool, env: dict[str, str]) -> No
     assert os.environ["HELPERS_PROGRESS"] == "off", "nobody draws the bars: off in the rank"
 
 
-def test_same_machine_the_callers_values_win(monkeypatch, tmp_path, environ_restored):
+def test_a_local_rank_takes_the_callers_values(monkeypatch, tmp_path, environ_restored):
     env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
-    _apply(monkeypatch, tmp_path, True, env)
+    _apply(monkeypatch, tmp_path, payload.LOCAL_RANKS, env)
     assert os.environ["GALLERY_PAYLOAD_OLD"] == "the driver's"
     assert sys.path == ["", "/driver/notebooks"]
 
 
 def test_another_machine_keeps_its_own_values(monkeypatch, tmp_path, environ_restored):
     env = {"GALLERY_PAYLOAD_NEW": "set", "GALLERY_PAYLOAD_OLD": "the driver's", "RANK": "0"}
-    _apply(monkeypatch, tmp_path, False, env)
+    _apply(monkeypatch, tmp_path, payload.RAY_WORKERS, env)
     assert os.environ["GALLERY_PAYLOAD_OLD"] == "the worker's" and os.environ["GALLERY_PAYLOAD_NEW"] == "set"
     assert sys.path == ["", "/driver/notebooks", "/worker/site-packages"]
+
+
+def test_another_interpreter_keeps_its_environment_and_takes_the_callers_folders(monkeypatch, tmp_path,
+                                                                                 environ_restored):
+    env = {"GALLERY_PAYLOAD_OLD": "the driver's", "PYTHONPATH": "/driver/lib", "PATH": "/driver/bin"}
+    monkeypatch.setenv("PYTHONPATH", "/worker/lib")
+    _apply(monkeypatch, tmp_path, payload.OTHER_PYTHON_RANKS, env, prefixes=("/driver/env",))
+    assert os.environ["GALLERY_PAYLOAD_OLD"] == "the driver's" and os.environ["PYTHONPATH"] == "/worker/lib"
+    assert os.environ["VIRTUAL_ENV"] == sys.prefix
+    assert os.environ["PATH"] == os.pathsep.join([os.path.dirname(sys.executable), "/driver/bin"])
+    assert sys.path == ["", "/driver/notebooks", "/worker/site-packages"]
+
+
+def test_each_kind_of_rank_keeps_the_variables_its_launcher_sets():
+    local, ray, other = payload.LOCAL_RANKS.kept, payload.RAY_WORKERS.kept, payload.OTHER_PYTHON_RANKS.kept
+    assert {"RANK", "GROUP_RANK"} <= local and "NODE_RANK" not in local
+    assert {"RANK", "NODE_RANK", "PWD"} <= ray and "GROUP_RANK" not in ray
+    assert other == local | {"PATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX",
+                             "CONDA_DEFAULT_ENV", "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"}
+    with pytest.raises(ValueError, match="import_path='sideways'"):
+        payload.RankSetup("x", frozenset(), (), caller_values_win=True, import_path="sideways")
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -219,6 +241,21 @@ def test_imports_run_one_way(module):
     assert {p.stem for p in LAUNCH.glob("*.py")} == set(LAYERS), "a new module needs a layer here"
     upward = {m for m in _imports(module) if LAYERS[m] >= LAYERS[module]}
     assert not upward, f"{module} imports {upward}, which sit at its level or above"
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 450
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_functions_and_modules_stay_small(module):
+    """A function a reader takes in at once, a module of one subject: every function of the package within
+    MAX_FUNCTION_LINES (decorators excluded), every module within MAX_MODULE_LINES."""
+    source = (LAUNCH / f"{module}.py").read_text()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES, f"{module}.py is over {MAX_MODULE_LINES} lines"
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+    assert not long, f"{module}.py: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 # ------------------------------------------------------------------------------ the whole package

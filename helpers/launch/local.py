@@ -36,6 +36,7 @@ from helpers.launch.errors import RankExit, job_failure
 from helpers.launch.options import (
     LOCAL,
     LaunchOptions,
+    LaunchPlan,
     gpu_count,
     launch_progress_view,
     plan_launch,
@@ -201,10 +202,6 @@ def _rank_exit(error: Any) -> RankExit:
 def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
            options: LaunchOptions | None = None) -> list[Any]:
     """Run `fn(*args, **kwargs)` on every rank of this machine; each rank's return value, in rank order."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     options = options or LaunchOptions()
     plan = plan_launch(options, target=LOCAL)
     threads = plan_threads(options, plan, target=LOCAL)
@@ -219,9 +216,25 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     payload_path.write_bytes(payload.to_bytes())
     if options.python is None and options.start_method == "forkserver":
         prepare_forkserver()
+    config = _launch_config(options, plan, log_root)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    try:
+        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(options.verbose), _main_module_not_rerun(), \
+                watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
+            _run_ranks(config, options.python, payload_path, run_dir, plan.processes)
+        return load_results(local_worker.stored_results(run_dir, plan.processes), plan.processes)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
-    stop = _compat.launch_config_stop_grace(options.stop_timeout)
-    config = LaunchConfig(
+
+def _launch_config(options: LaunchOptions, plan: LaunchPlan, log_root: Path) -> Any:
+    """torch elastic's LaunchConfig: one machine, every rank's output in a file under `log_root` and teed."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=plan.processes,
         run_id=f"helpers-{uuid.uuid4().hex[:12]}",
         # One machine: a static rendezvous over a c10d TCPStore on a fresh loopback port. The dynamic
@@ -230,27 +243,25 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
         rdzv_configs={"rank": 0, "timeout": 60}, local_addr=options.master_addr,
         max_restarts=options.max_restarts, monitor_interval=0.05, start_method=options.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(log_root), redirects=Std.ALL, tee=Std.ALL),
-        log_line_prefix_template=options.prefix, **stop,
+        log_line_prefix_template=options.prefix, **_compat.launch_config_stop_grace(options.stop_timeout),
     )
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+
+
+def _run_ranks(config: Any, python: str | None, payload_path: Path, run_dir: Path, world_size: int) -> None:
+    """Start the ranks with torch elastic's agent and wait; a failure raises as the caller should see it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    arguments = (str(payload_path), str(run_dir), os.getpid())
     try:
-        with _kernel_signal_handlers_kept(), _quiet_elastic_logs(options.verbose), _main_module_not_rerun(), \
-                watch_progress_dir(run_dir / local_worker.PROGRESS_FOLDER, view):
-            try:
-                if options.python is None:
-                    elastic_launch(config, local_worker.run)(str(payload_path), str(run_dir), os.getpid())
-                else:  # another environment's interpreter: each rank is a command, started by the same agent
-                    elastic_launch(config, options.python)(
-                        *local_worker.bootstrap_arguments(str(payload_path), str(run_dir), os.getpid()))
-            except ChildFailedError as e:
-                raise job_failure(local_worker.read_failures(run_dir), plan.processes, _rank_exit(e),
-                                  logs="see the rank's output above") from None
-            except _compat.signal_exception_type() as e:
-                if getattr(e, "sigval", None) == signal.SIGINT:
-                    raise KeyboardInterrupt("interrupted: every worker process was stopped") from None
-                raise
-        return load_results(local_worker.stored_results(run_dir, plan.processes), plan.processes)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if python is None:
+            elastic_launch(config, local_worker.run)(*arguments)
+        else:  # another environment's interpreter: each rank is a command, started by the same agent
+            elastic_launch(config, python)(*local_worker.bootstrap_arguments(*arguments))
+    except ChildFailedError as e:
+        raise job_failure(local_worker.read_failures(run_dir), world_size, _rank_exit(e),
+                          logs="see the rank's output above") from None
+    except _compat.signal_exception_type() as e:
+        if getattr(e, "sigval", None) == signal.SIGINT:
+            raise KeyboardInterrupt("interrupted: every worker process was stopped") from None
+        raise

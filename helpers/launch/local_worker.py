@@ -18,14 +18,7 @@ import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
 from helpers.files import atomic_write
 from helpers.launch import _compat
 from helpers.launch.errors import RankFailure
-from helpers.launch.payload import (
-    KEPT_PREFIXES_BY,
-    LOCAL_RANKS,
-    Payload,
-    destroy_leftover_process_group,
-    kept_variables,
-    serialise_result,
-)
+from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_result
 
 PROGRESS_FOLDER = "progress"  # under the launch folder: rank 0's bar states (helpers.progress)
 
@@ -97,9 +90,7 @@ def run(payload_path: str, run_dir: str, launcher_pid: int | None = None) -> Non
 def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
     try:
         payload = Payload.from_bytes(Path(payload_path).read_bytes())
-        payload.apply(same_machine=True, worker_keys=kept_variables(LOCAL_RANKS),
-                      worker_prefixes=KEPT_PREFIXES_BY[LOCAL_RANKS],
-                      progress_dir=Path(run_dir) / PROGRESS_FOLDER)
+        payload.apply(payload.local_setup(), progress_dir=Path(run_dir) / PROGRESS_FOLDER)
         _compat.prefix_store_keys_by_attempt(attempt)
         fn, args, kwargs = payload.load_call()
         result = fn(*args, **kwargs)

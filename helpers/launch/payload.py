@@ -15,7 +15,7 @@ import gc
 import os
 import pickle
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,29 +27,61 @@ from helpers.launch.errors import RankFailedError
 from helpers.launch.options import LaunchError
 from helpers.progress import ENV_DIR, ENV_SWITCH
 
-# Which rank keeps its own value of a variable rather than taking the caller's: a rank of the local launcher
-# (torch elastic sets these per rank), a Ray Train worker (Ray or the Ray launcher sets them), a rank running
-# another environment's interpreter (launch option python=; its Python environment is not the caller's).
-LOCAL_RANKS, RAY_WORKERS, OTHER_PYTHON_RANKS = "local", "ray", "other python"
+# The kinds of rank, one `RankSetup` each (below): a rank of the local launcher, a rank of the local launcher
+# running another environment's interpreter (launch option python=), a Ray Train worker.
+_LOCAL, _OTHER_PYTHON, _RAY = "local", "other python", "ray"
+# The variables a rank keeps as its own instead of taking the caller's value, and the kinds of rank that do:
+# the torch environment every launcher sets per rank; torch elastic's own; what Ray or the Ray launcher sets
+# per worker; the Python environment of a rank running another environment's interpreter.
 KEPT_BY: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                     "OMP_NUM_THREADS"), (LOCAL_RANKS, RAY_WORKERS)),
+                     "OMP_NUM_THREADS"), (_LOCAL, _OTHER_PYTHON, _RAY)),
     **dict.fromkeys(("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-                     "TORCH_NCCL_ASYNC_ERROR_HANDLING"), (LOCAL_RANKS,)),
+                     "TORCH_NCCL_ASYNC_ERROR_HANDLING"), (_LOCAL, _OTHER_PYTHON)),
     **dict.fromkeys(("NODE_RANK", "CUDA_VISIBLE_DEVICES", "ACCELERATE_TORCH_DEVICE", "PWD", NODE_ENV),
-                    (RAY_WORKERS,)),
+                    (_RAY,)),
     **dict.fromkeys(("PATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
-                     "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"), (OTHER_PYTHON_RANKS,)),
+                     "PYTHONEXECUTABLE", "__PYVENV_LAUNCHER__"), (_OTHER_PYTHON,)),
 }
-# The same by prefix: torch elastic's per-rank variables, and Ray's own.
-KEPT_PREFIXES_BY: dict[str, tuple[str, ...]] = {LOCAL_RANKS: ("TORCHELASTIC_",),
-                                                RAY_WORKERS: ("RAY_", "TORCHELASTIC_")}
 
 
-def kept_variables(rank_kind: str) -> frozenset[str]:
-    """The variables a rank of this kind (LOCAL_RANKS, RAY_WORKERS, OTHER_PYTHON_RANKS) keeps as its own.
-    """
-    return frozenset(name for name, kinds in KEPT_BY.items() if rank_kind in kinds)
+def _kept(kind: str) -> frozenset[str]:
+    return frozenset(name for name, kinds in KEPT_BY.items() if kind in kinds)
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """How one kind of rank takes on the caller's state (`Payload.apply`): what it keeps, what it takes."""
+
+    kind: str
+    kept: frozenset[str]  # variables the rank keeps as its own: the caller's copies never replace them
+    kept_prefixes: tuple[str, ...]  # the same, by prefix
+    caller_values_win: bool  # True: the caller's values replace the rank's; False: they fill in what it lacks
+    import_path: str  # CALLERS_PATH, CALLERS_MISSING_FIRST or FOREIGN_FIRST (below)
+    own_interpreter_first: bool = False  # VIRTUAL_ENV and PATH name this interpreter's environment
+
+    def __post_init__(self) -> None:
+        if self.import_path not in IMPORT_PATH_MODES:
+            raise ValueError(f"import_path={self.import_path!r}: use one of {IMPORT_PATH_MODES}")
+
+
+CALLERS_PATH = "the caller's import path replaces the rank's"
+CALLERS_MISSING_FIRST = "the caller's entries missing here go in front of the rank's own"
+FOREIGN_FIRST = "the caller's entries outside its environment go in front of the rank's own"
+IMPORT_PATH_MODES = (CALLERS_PATH, CALLERS_MISSING_FIRST, FOREIGN_FIRST)
+
+# The local launcher's ranks are forked from a forkserver holding a snapshot of this machine taken when it
+# started, possibly many cells ago: what the notebook set since must reach the rank, so the caller wins.
+LOCAL_RANKS = RankSetup(_LOCAL, _kept(_LOCAL), ("TORCHELASTIC_",), caller_values_win=True,
+                        import_path=CALLERS_PATH)
+# A local rank with another environment's interpreter keeps that environment's packages and tools (its
+# `bin` first on PATH) and takes the caller's other import paths (the notebook's folder, the project).
+OTHER_PYTHON_RANKS = RankSetup(_OTHER_PYTHON, _kept(_OTHER_PYTHON), ("TORCHELASTIC_",),
+                               caller_values_win=True, import_path=FOREIGN_FIRST, own_interpreter_first=True)
+# A Ray worker may run on another node: its own values stay (its PATH, HOME, library and site-packages paths
+# are right for it); the caller's fill in what the node lacks.
+RAY_WORKERS = RankSetup(_RAY, _kept(_RAY), ("RAY_", "TORCHELASTIC_"), caller_values_win=False,
+                        import_path=CALLERS_MISSING_FIRST)
 
 
 _PLAIN_DATA = ("Pass plain data (numbers, strings, lists, dicts, numpy arrays, CPU tensors) and build open "
@@ -129,63 +161,60 @@ class Payload:
             raise TypeError(f"not a launch payload: {type(payload).__name__}")
         return payload
 
-    def apply(self, *, same_machine: bool, worker_keys: Collection[str],
-              worker_prefixes: tuple[str, ...] = (), progress_dir: str | Path | None = None) -> None:
-        """Make this rank see what the caller sees, then set the rank up as the launch decided.
+    def local_setup(self) -> RankSetup:
+        """A local launcher's rank: LOCAL_RANKS, or OTHER_PYTHON_RANKS under another environment's python."""
+        return OTHER_PYTHON_RANKS if self.in_other_environment() else LOCAL_RANKS
 
-        `worker_keys` / `worker_prefixes` name the variables the backend sets per rank (RANK, MASTER_PORT...):
-        the caller's copies never replace them. The rest depends on where the rank runs:
-
-        * `same_machine=True` (the local backend): the caller's values win and its import path replaces
-          the rank's. The rank was forked from a forkserver holding a snapshot of this machine taken when
-          it started, possibly many cells ago; what the notebook set since must reach the rank.
-        * `same_machine=False` (Ray, possibly another node): the node's own values stay (its PATH, HOME,
-          library and site-packages paths are right for it); the caller's fill in what the node lacks,
-          and the caller's import path entries missing here go in front of the rank's own.
-        * `same_machine=True` in a rank started with another environment's interpreter (launch option
-          `python=`): the rank keeps that environment's packages, `VIRTUAL_ENV` and `bin` first on `PATH`, and
-          takes the caller's other import paths (the notebook's folder, the project) in front.
+    def apply(self, setup: RankSetup, progress_dir: str | Path | None = None) -> None:
+        """Make this rank see what the caller sees, as `setup` says, then set it up as the launch decided.
 
         `progress_dir` is where rank 0 writes its bar states when the caller draws them through files;
         otherwise bars go through the Ray relay (if any) or, when nobody draws them, are switched off
         so that rank 0 never falls back to tqdm in its log.
         """
-        import torch
-
-        # (on Ray a node keeps its own environment anyway: same_machine=False below)
-        other_environment = same_machine and self.in_other_environment()
-        for key, value in self.env.items():
-            if key in worker_keys or key.startswith(worker_prefixes):
-                continue
-            if other_environment and key in kept_variables(OTHER_PYTHON_RANKS):
-                continue
-            if same_machine:
-                os.environ[key] = value
-            else:
-                os.environ.setdefault(key, value)
-        if other_environment:
-            # this rank's interpreter belongs to another environment: its packages first and only its own;
-            # the tools it starts (torchrun, compilers' wrappers) come from its bin folder too
-            sys.path[:] = [*dict.fromkeys([*self.foreign_paths(), *sys.path])]
-            os.environ["VIRTUAL_ENV"] = sys.prefix
-            os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
-        elif same_machine:
-            sys.path[:] = self.sys_path
-        else:
-            for path in reversed(self.sys_path):
-                if path not in sys.path:
-                    sys.path.insert(1, path)
+        self._take_environment(setup)
+        self._take_import_path(setup)
         with contextlib.suppress(OSError):
             os.chdir(self.cwd)
         # The kernel's inline matplotlib backend means nothing in a worker; plots belong on the driver.
         os.environ["MPLBACKEND"] = "Agg"
         os.environ[BACKEND_ENV] = self.backend
+        self._route_progress(progress_dir)
+        self._set_threads_and_device()
+
+    def _take_environment(self, setup: RankSetup) -> None:
+        for key, value in self.env.items():
+            if key in setup.kept or key.startswith(setup.kept_prefixes):
+                continue
+            if setup.caller_values_win:
+                os.environ[key] = value
+            else:
+                os.environ.setdefault(key, value)
+        if setup.own_interpreter_first:  # the tools it starts (torchrun, compilers' wrappers) come from here
+            os.environ["VIRTUAL_ENV"] = sys.prefix
+            os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
+
+    def _take_import_path(self, setup: RankSetup) -> None:
+        if setup.import_path == CALLERS_PATH:
+            sys.path[:] = self.sys_path
+        elif setup.import_path == FOREIGN_FIRST:
+            sys.path[:] = [*dict.fromkeys([*self.foreign_paths(), *sys.path])]
+        else:  # CALLERS_MISSING_FIRST
+            for path in reversed(self.sys_path):
+                if path not in sys.path:
+                    sys.path.insert(1, path)
+
+    def _route_progress(self, progress_dir: str | Path | None) -> None:
         if self.progress and progress_dir is not None:
             os.environ[ENV_DIR] = str(progress_dir)
         else:
             os.environ.pop(ENV_DIR, None)
             if not self.progress:
                 os.environ[ENV_SWITCH] = "off"
+
+    def _set_threads_and_device(self) -> None:
+        import torch
+
         if self.threads:
             torch.set_num_threads(self.threads)
             # and in the environment, where libraries look (accelerate warns and sets 1 when it is unset)

@@ -65,17 +65,16 @@ from helpers.launch.options import (
     DEFAULT_CPU_PROCESSES,
     RAY,
     LaunchOptions,
+    LaunchPlan,
     check_options,
     launch_progress_view,
     plan_launch,
     plan_threads,
 )
 from helpers.launch.payload import (
-    KEPT_PREFIXES_BY,
     RAY_WORKERS,
     Payload,
     destroy_leftover_process_group,
-    kept_variables,
     load_results,
     serialise_call,
     serialise_result,
@@ -194,8 +193,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     attempt = ray.get(collector.start.remote(rank))
     payload = Payload.from_bytes(ray.get(config["payload"]))
-    payload.apply(same_machine=False, worker_keys=kept_variables(RAY_WORKERS),
-                  worker_prefixes=KEPT_PREFIXES_BY[RAY_WORKERS])
+    payload.apply(RAY_WORKERS)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
     os.environ[NODE_ENV] = ray.get_runtime_context().get_node_id()
 
@@ -298,28 +296,14 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     quiet_env = {} if options.verbose else _compat.RAY_QUIET_ENV
     with temporary_environ(quiet_env, keep_existing=quiet_env), \
             ray_session(options.cluster, cpus_needed, options.verbose) as ray:
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-
         gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device in ("auto", "cuda") else 0
         plan = plan_launch(options, gpus=gpus, target=RAY)
         payload = Payload.capture(call, backend=plan.backend, device=plan.device,
                                   threads=plan_threads(options, plan, target=RAY), progress=view_wanted)
-
         run_dir = Path(options.log_dir) if options.log_dir else Path(tempfile.mkdtemp(prefix="helpers-ray-"))
         collector = ray.remote(num_cpus=0)(_Collector).remote()
-        trainer = TorchTrainer(
-            _worker_loop,
-            train_loop_config={"collector": collector, "payload": ray.put(payload.to_bytes())},
-            torch_config=_compat.env_only_torch_config(plan.backend),
-            scaling_config=ScalingConfig(num_workers=plan.processes, use_gpu=plan.device == "cuda"),
-            run_config=RunConfig(
-                name=f"helpers-{uuid.uuid4().hex[:8]}", storage_path=str(run_dir.resolve()),
-                failure_config=FailureConfig(max_failures=options.max_restarts),
-                checkpoint_config=CheckpointConfig(num_to_keep=None),
-            ),
-            datasets=datasets or None,
-        )
+        loop_config = {"collector": collector, "payload": ray.put(payload.to_bytes())}
+        trainer = _trainer(plan, options, loop_config, run_dir, datasets)
         error: BaseException | None = None
         try:
             with _printing_rank_output(ray, collector, options.prefix), relay_ray_progress(view_wanted):
@@ -340,3 +324,23 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
             raise job_failure(failures, plan.processes, _rank_exit(error),
                               logs="Ray's logs are in the session folder") from None
         return load_results(results, plan.processes)
+
+
+def _trainer(plan: LaunchPlan, options: LaunchOptions, loop_config: dict[str, Any], run_dir: Path,
+             datasets: dict[str, Any]) -> Any:
+    """Ray Train's TorchTrainer for the plan: `_worker_loop` on every worker, checkpoints under `run_dir`."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        _worker_loop,
+        train_loop_config=loop_config,
+        torch_config=_compat.env_only_torch_config(plan.backend),
+        scaling_config=ScalingConfig(num_workers=plan.processes, use_gpu=plan.device == "cuda"),
+        run_config=RunConfig(
+            name=f"helpers-{uuid.uuid4().hex[:8]}", storage_path=str(run_dir.resolve()),
+            failure_config=FailureConfig(max_failures=options.max_restarts),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+        ),
+        datasets=datasets or None,
+    )

@@ -68,21 +68,36 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
         # is down
         quiet = {"logging_level": logging.WARNING, "log_to_driver": log_to_driver,
                  "logging_config": ray.LoggingConfig(log_level=worker_log_level)}
-    notices = contextlib.nullcontext() if raylet_notices else _compat.ray_raylet_notices_dropped()
     if cluster != "ray" or os.environ.get("RAY_ADDRESS"):
-        address = None if cluster == "ray" else cluster
-        try:
-            with _native_stderr_kept() as native_stderr:
-                ray.init(address=address, **quiet)
-        except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
-            raise LaunchError(connect_failure(cluster, e, native_stderr())) from e
-        try:
-            with notices:
-                yield ray
-        finally:
-            ray.shutdown()
-        return
+        connection = _connected(ray, None if cluster == "ray" else cluster, quiet)
+    else:
+        connection = _private_instance(ray, num_cpus, quiet, None if verbose else worker_log_level)
+    notices = contextlib.nullcontext() if raylet_notices else _compat.ray_raylet_notices_dropped()
+    with connection, notices:
+        yield ray
 
+
+@contextlib.contextmanager
+def _connected(ray: Any, address: str | None, quiet: dict[str, Any]) -> Iterator[None]:
+    """Connected to the cluster at `address` (None: RAY_ADDRESS's) for the block, disconnected after."""
+    try:
+        with _native_stderr_kept() as native_stderr:
+            ray.init(address=address, **quiet)
+    except (ConnectionError, ValueError, RuntimeError, ray.exceptions.RayError) as e:
+        raise LaunchError(connect_failure(address or "ray", e, native_stderr())) from e
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _private_instance(ray: Any, num_cpus: int | None, quiet: dict[str, Any],
+                      data_log_level: str | None) -> Iterator[None]:
+    """A local Ray instance of this process's own for the block, then stopped with every process it started.
+
+    `data_log_level`: what Ray Data logs in the actor that runs a dataset (None: Ray Data's default).
+    """
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
     auth = {}
     if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
@@ -91,16 +106,15 @@ def ray_session(cluster: str = "ray", num_cpus: int | None = None, verbose: bool
     # Ray Data logs every dataset's start and end at INFO in the actor that runs it (with a path of this
     # machine); its own config variable is the one switch that reaches that actor. A user's config wins.
     data_logging = {}
-    if not verbose:
-        data_logging = {"RAY_DATA_LOGGING_CONFIG": _ray_data_logging_config(temp_dir, worker_log_level)}
+    if data_log_level is not None:
+        data_logging = {"RAY_DATA_LOGGING_CONFIG": _ray_data_logging_config(temp_dir, data_log_level)}
     try:
         with temporary_environ({**auth, **data_logging}, keep_existing=[*auth, *data_logging]):
             if auth:  # ours lives in this process's environment for the instance's lifetime
                 _compat.refresh_ray_auth()
             _compat.ray_init_with_temp_dir(ray, temp_dir, num_cpus=cpus, include_dashboard=False, **quiet)
             try:
-                with notices:
-                    yield ray
+                yield
             finally:
                 ray.shutdown()
                 _wait_for_ray_processes(temp_dir)
