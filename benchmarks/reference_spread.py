@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from helpers import tracking  # noqa: E402
 from helpers.env import ISA_AVX2, ISA_BASELINE, temporary_environ, with_own_inductor_cache  # noqa: E402
+from helpers.files import atomic_write  # noqa: E402
 from helpers.gallery.notebook_io import first_error, reference_values  # noqa: E402
 from helpers.reference import (  # noqa: E402
     FORMAT,
@@ -134,7 +135,7 @@ def run_variant(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", help="notebook names or numbers (01, 02_ddp_retinanet, ...)")
@@ -149,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write notebooks/references/<notebook>.json")
     parser.add_argument("--keep", help="keep the executed notebooks in this folder")
     parser.add_argument("--reuse", action="store_true", help="with --keep: reuse runs executed there")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from helpers.gallery.runner import discover
 
     # none named: every notebook with a reference file (00, the launcher's tour, trains nothing and has none)
@@ -177,49 +182,74 @@ def main(argv: list[str] | None = None) -> int:
         if args.guard:
             status |= _guard(notebook, reference, out_dir, host, args)
         else:
-            runs = []
-            for variant in variants:
-                run = run_variant(notebook, variant, out_dir, reuse=args.reuse)
-                run["machine"] = host
-                runs.append(run)
-                took = "reused" if run["seconds"] is None else f"{run['seconds']:>6.1f} s"
-                failed = f"FAILED {run['error']}" if run["error"] else ""
-                print(f"{notebook.stem} {variant:>14}: {took} {failed}", flush=True)
-                status |= bool(run["error"])
+            runs, failed = _run_variants(notebook, variants, out_dir, host, args.reuse)
+            status |= failed
             if args.fit:
-                rerun = {(host, r["variant"]) for r in runs}  # a variant run again here replaces its old run
-                kept = [r for r in ([] if args.fresh else reference.get("fit", {}).get("runs", []))
-                        if (r["machine"], r["variant"]) not in rerun]
-                runs = kept + runs
-                report_only = (args.report_only.split(",") if args.report_only is not None
-                               else reference.get("fit", {}).get("report_only", []))
-                fitted = fit(runs, report_only=[r for r in report_only if r])
-                params = _parameters(notebook, out_dir, reference)
-                reference = {"notebook": notebook.stem, "format": FORMAT, "parameters": params, **fitted,
-                             "fit": {"report_only": report_only, "runs": runs}, "validation": {"runs": []},
-                             **({"guard": reference["guard"]} if "guard" in reference else {})}
-                _print_fit(notebook.stem, reference)
+                reference = _refit(notebook, reference, runs, out_dir, args)
             else:
-                rerun = {(host, r["variant"]) for r in runs}  # a variant run again here replaces its old run
-                repeats = [r for r in runs if repeats_a_fitting_run(reference, r)]
-                for run in repeats:  # the same arithmetic as a fitting run (another session, same CPU type)
-                    print(f"  {run['variant']:>14}: not held out: it repeats a fitting run to the last digit")
-                runs = [r for r in runs if r not in repeats]
-                for run in runs:
-                    if not run["results"]:
-                        continue
-                    verdict = judge(reference, run["results"])
-                    status |= not verdict["passed"]
-                    print(f"  {run['variant']:>14}: worst {verdict['worst']} at {verdict['share']:.2f} of "
-                          f"its tolerance: {'passes' if verdict['passed'] else 'FAILS'}")
-                held = [r for r in reference.setdefault("validation", {"runs": []})["runs"]
-                        if (r["machine"], r["variant"]) not in rerun]
-                reference["validation"]["runs"] = held + runs
+                status |= _validate(reference, runs)
         if args.write:
             REFERENCES_DIR.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(reference, indent=1) + "\n")
+            atomic_write(path, json.dumps(reference, indent=1) + "\n")
             print(f"wrote {path.relative_to(ROOT)}")
     return status
+
+
+def _run_variants(notebook: Path, variants: list[str], out_dir: Path, host: str,
+                  reuse: bool) -> tuple[list[dict[str, Any]], bool]:
+    """A run of the notebook under each variant on this machine, and whether one of them failed."""
+    runs, failed = [], False
+    for variant in variants:
+        run = run_variant(notebook, variant, out_dir, reuse=reuse)
+        run["machine"] = host
+        runs.append(run)
+        took = "reused" if run["seconds"] is None else f"{run['seconds']:>6.1f} s"
+        failed_text = f"FAILED {run['error']}" if run["error"] else ""
+        print(f"{notebook.stem} {variant:>14}: {took} {failed_text}", flush=True)
+        failed |= bool(run["error"])
+    return runs, failed
+
+
+def _not_rerun(earlier: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The earlier runs that `runs` do not replace: a variant run again on a machine replaces its earlier
+    run there."""
+    rerun = {(r["machine"], r["variant"]) for r in runs}
+    return [r for r in earlier if (r["machine"], r["variant"]) not in rerun]
+
+
+def _refit(notebook: Path, reference: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path,
+           args: argparse.Namespace) -> dict[str, Any]:
+    """The reference file fitted again on `runs` and the file's earlier fitting runs (none with --fresh)."""
+    runs = _not_rerun([] if args.fresh else reference.get("fit", {}).get("runs", []), runs) + runs
+    report_only = (args.report_only.split(",") if args.report_only is not None
+                   else reference.get("fit", {}).get("report_only", []))
+    fitted = fit(runs, report_only=[r for r in report_only if r])
+    params = _parameters(notebook, out_dir, reference)
+    reference = {"notebook": notebook.stem, "format": FORMAT, "parameters": params, **fitted,
+                 "fit": {"report_only": report_only, "runs": runs}, "validation": {"runs": []},
+                 **({"guard": reference["guard"]} if "guard" in reference else {})}
+    _print_fit(notebook.stem, reference)
+    return reference
+
+
+def _validate(reference: dict[str, Any], runs: list[dict[str, Any]]) -> bool:
+    """Judge the held-out runs against the fit and add them to the file's validation runs; whether one
+    failed."""
+    repeats = [r for r in runs if repeats_a_fitting_run(reference, r)]
+    for run in repeats:  # the same arithmetic as a fitting run (another session, same CPU type)
+        print(f"  {run['variant']:>14}: not held out: it repeats a fitting run to the last digit")
+    held_out = [r for r in runs if r not in repeats]
+    failed = False
+    for run in held_out:
+        if not run["results"]:
+            continue
+        verdict = judge(reference, run["results"])
+        failed |= not verdict["passed"]
+        print(f"  {run['variant']:>14}: worst {verdict['worst']} at {verdict['share']:.2f} of "
+              f"its tolerance: {'passes' if verdict['passed'] else 'FAILS'}")
+    validation = reference.setdefault("validation", {"runs": []})
+    validation["runs"] = _not_rerun(validation["runs"], runs) + held_out
+    return failed
 
 
 def _recorded_error(path: Path) -> str | None:
@@ -235,7 +265,7 @@ def write_docs_table(table: str) -> None:
     page = ROOT / "docs" / "reference-check.md"
     text = page.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
-    page.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    atomic_write(page, text[:start] + "\n" + table + "\n" + text[end:])
     print(f"wrote the table into {page.relative_to(ROOT)}")
 
 
