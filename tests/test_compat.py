@@ -121,3 +121,16 @@ def test_raylet_notices_are_dropped_and_worker_lines_kept(capsys):
     assert "A worker died" not in out and "rank 1: simulated crash" in out
     ray_worker.print_to_stdstream(notice, ignore_prefix=True)   # outside the block: Ray's own behaviour
     assert "A worker died" in capsys.readouterr().out
+
+
+def test_the_forkserver_is_recognised_by_its_main_on_the_stack(monkeypatch):
+    """forkserver_output redirects the server's output only where multiprocessing's forkserver `main` runs."""
+    import multiprocessing.forkserver
+
+    assert _compat.in_forkserver_preload() is False
+
+    def main_of_a_server():
+        return (lambda: _compat.in_forkserver_preload())()   # a frame or two below the server's main
+
+    monkeypatch.setattr(multiprocessing.forkserver, "main", main_of_a_server)
+    assert main_of_a_server() is True

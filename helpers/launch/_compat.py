@@ -135,12 +135,29 @@ RUN_EXIT_FUNCS = PrivateAPI("python", "atexit", "_run_exitfuncs", PYTHON)
 FORKSERVER_ENSURE_RUNNING = PrivateAPI("python", "multiprocessing.forkserver", "ensure_running", PYTHON)
 
 
+# Tell whether a module is being imported by the forkserver as it pre-loads: multiprocessing's `main` of the
+# server runs below it on the stack (forkserver_output sends the server's own output to a file then).
+FORKSERVER_MAIN = PrivateAPI("python", "multiprocessing.forkserver", "main", PYTHON)
+
+
 def run_exit_handlers() -> None:
     resolve(RUN_EXIT_FUNCS)()
 
 
 def start_forkserver() -> None:
     resolve(FORKSERVER_ENSURE_RUNNING)()
+
+
+def in_forkserver_preload() -> bool:
+    """Whether this runs inside multiprocessing's forkserver as it pre-loads its modules (its `main` is on the
+    stack): the server imports them there, before it forks the first process."""
+    server_main = resolve(FORKSERVER_MAIN).__code__
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is server_main:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # ------------------------------------------------------------------------------------------------ Ray
@@ -183,6 +200,7 @@ RAY_QUIET_ENV = {name: value for name, (value, _, _) in _RAY_SWITCHES.items()} |
 
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     RENDEZVOUS_HANDLERS, AGENT_STORE_IN_USE, SIGNAL_EXCEPTION, RUN_EXIT_FUNCS, FORKSERVER_ENSURE_RUNNING,
+    FORKSERVER_MAIN,
     RAY_ORIGINAL_PRINT, RAY_ADDRESS_AND_PORT, RAY_TORCH_ENV_VARS, RAY_TORCH_BACKEND, RAY_AUTH_CONFIG,
     RAY_AUTH_TOKEN_LOADER, RAY_TEMP_DIR, RAY_PRINT_TO_STDSTREAM, *RAY_QUIET_SWITCHES,
 )

@@ -11,30 +11,18 @@ exit when nothing was written.
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import sys
 import tempfile
 
-SERVER_FILE = os.path.join("multiprocessing", "forkserver.py")
+from helpers.launch import _compat
 
 
 def log_path(pid: int | None = None) -> str:
     return os.path.join(tempfile.gettempdir(), f"helpers-forkserver-{pid or os.getpid()}.log")
 
 
-def _in_forkserver() -> bool:
-    """Whether multiprocessing's forkserver is importing this module as it pre-loads (its `main` runs)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "main" and code.co_filename.endswith(SERVER_FILE):
-            return True
-        frame = frame.f_back
-    return False
-
-
-if _in_forkserver():
+if _compat.in_forkserver_preload():
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
