@@ -1,4 +1,5 @@
-"""The offline MovieLens builder, the time split and the MDS conversion (helpers/data/movielens.py).
+"""The offline MovieLens builder, the time split and the MDS conversion (helpers/data/movielens.py,
+movielens_format.py and mds.py).
 
 All fast: small builds, no notebook, no training. Bad input must fail before any MDS file is written;
 an MDS directory from an older run must be reused or replaced on purpose, never mixed.
