@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 # Set by the launchers in every rank (and for an in-process call): the torch backend the launch chose.
 BACKEND_ENV = "HELPERS_DIST_BACKEND"
-# Set by the Ray backend in every worker: the Ray node id of the machine the rank runs on.
+# Set by the Ray launcher in every worker: the Ray node id of the machine the rank runs on.
 NODE_ENV = "HELPERS_NODE_ID"
 
 
@@ -34,7 +34,7 @@ def worker_context() -> WorkerContext:
 
     The backend is the launcher's choice (nccl with one GPU per rank, gloo on CPU) unless overridden,
     so a notebook can pass `ctx.backend` and `ctx.device` to the real torch calls it makes. `attempt`
-    says which run of the group this is after `max_restarts` restarted it (both backends set torch
+    says which run of the group this is after `max_restarts` restarted it (both launchers set torch
     elastic's `TORCHELASTIC_RESTART_COUNT`), so a rank can resume instead of starting over. `node` names
     the machine: on a Ray cluster its node id (several nodes may share a host, as in the tests' simulated
     cluster), else the host name; a notebook returns it so that the reader sees where the ranks ran.

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import LaunchError, LaunchOptions, LaunchPlan, RankError, RankFailedError, plan_launch
 from helpers.launch import errors, options, payload
-from helpers.launch.errors import RankExit, RankFailure, rebuild_exception, root_cause
+from helpers.launch.errors import RankExceptionRecord, RankExitStatus, rebuild_exception, root_cause
 from helpers.launch.options import LOCAL, RAY, check_options, plan_threads
 
 LAUNCH = Path(options.__file__).parent
@@ -147,12 +147,12 @@ def test_each_kind_of_rank_keeps_the_variables_its_launcher_sets():
 # ------------------------------------------------------------------------------------------- errors
 
 
-def _failure(exc: BaseException, rank: int = 1, attempt: int = 0, at: float = 0.0) -> RankFailure:
+def _failure(exc: BaseException, rank: int = 1, attempt: int = 0, at: float = 0.0) -> RankExceptionRecord:
     try:
         raise exc
     except BaseException as raised:
-        failure = RankFailure.capture(raised, rank, attempt)
-    return RankFailure(**{**failure.__dict__, "time": at}) if at else failure
+        failure = RankExceptionRecord.capture(raised, rank, attempt)
+    return RankExceptionRecord(**{**failure.__dict__, "time": at}) if at else failure
 
 
 def test_root_cause_is_the_earliest_real_failure_of_the_last_attempt():
@@ -209,13 +209,15 @@ def test_a_class_that_refuses_subclasses_keeps_its_type_and_gets_the_message_as_
 
 
 def test_an_exception_that_did_not_travel_and_a_killed_rank():
-    unpicklable = RankFailure(rank=0, attempt=0, time=0.0, type_name="Weird", message="m", traceback="tb")
+    unpicklable = RankExceptionRecord(rank=0, attempt=0, time=0.0, type_name="Weird", message="m",
+                                      traceback="tb")
     exc = rebuild_exception(unpicklable, 2)
     assert isinstance(exc, RankFailedError) and "rank 0 of 2 raised Weird: m" in str(exc)
-    killed = errors.job_failure([], 2, RankExit(rank=1, exitcode=-9, signal_name="SIGKILL"), logs="see above")
+    exit_status = RankExitStatus(rank=1, exitcode=-9, signal_name="SIGKILL")
+    killed = errors.job_failure([], 2, exit_status, logs="see above")
     assert isinstance(killed, RankFailedError) and isinstance(killed, RankError)
     assert (killed.rank, killed.exitcode) == (1, -9) and "killed by signal SIGKILL" in str(killed)
-    assert RankFailure.from_bytes(b"not a record") is None
+    assert RankExceptionRecord.from_bytes(b"not a record") is None
 
 
 # -------------------------------------------------------------------------------------- the imports

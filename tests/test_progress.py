@@ -20,7 +20,7 @@ import helpers.progress
 from helpers import LaunchError, distributed, progress_bar, worker_context
 from helpers.integrations.lightning import lightning_progress_bar
 from helpers.integrations.transformers import transformers_progress_callback
-from helpers.progress import METADATA_KEY, ProgressView, format_bar
+from helpers.progress import PROGRESS_METADATA_KEY, ProgressView, format_bar
 from tests.support import RecordingView
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def test_jupyter_display_is_one_output_updated_in_place(monkeypatch):
     kind, data, metadata = calls[-1]
     assert "epoch 1/3: 100%" in data["text/plain"] and "10/10" in data["text/plain"], data
     assert '<progress value="10" max="10"' in data["text/html"]
-    assert metadata[METADATA_KEY] == {"id": "1:1", "n": 10, "total": 10, "closed": True}
+    assert metadata[PROGRESS_METADATA_KEY] == {"id": "1:1", "n": 10, "total": 10, "closed": True}
     assert "loss=0.5" in calls[1][1]["text/plain"]
     assert format_bar(dict(base, n=3, total=None, elapsed=1.0)).startswith("epoch 1/3: 3batch"), "no total"
 
@@ -194,7 +194,7 @@ def test_stored_notebook_bars_sit_where_nbval_does_not_compare(path):
     bars = []
     for index, cell in enumerate(nb.cells):
         for output in cell.get("outputs", []):
-            state = output.get("metadata", {}).get(METADATA_KEY)
+            state = output.get("metadata", {}).get(PROGRESS_METADATA_KEY)
             if state is None:
                 continue
             assert "nbval-ignore-output" in cell.metadata.get("tags", []), (

@@ -5,7 +5,7 @@ on a Ray cluster.
     def train(cfg): ...
     results = train.distributed(cfg)           # one return value per rank, in rank order
 
-The modules import one way: this one (the public API, and the dispatch on `cluster`) -> the backends
+The modules import one way: this one (the public API, and the dispatch on `cluster`) -> the launchers
 `local` (torch elastic, with `local_worker` running in each rank and `forkserver_output` in the
 forkserver the ranks fork from) and `ray` (Ray Train) -> the core they
 share: `options` (the one validator: options and the machine's facts into a plan), `payload` (what
@@ -30,7 +30,7 @@ from helpers import cpus, logs
 from helpers.context import BACKEND_ENV
 from helpers.env import temporary_environ
 from helpers.launch import local
-from helpers.launch import ray as ray_backend
+from helpers.launch import ray as ray_launcher
 from helpers.launch.errors import RankError, RankFailedError
 from helpers.launch.local import preload
 from helpers.launch.options import (
@@ -97,15 +97,15 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None
     """Launch `fn(*args, **kwargs)` on every rank and collect the return values, in rank order.
 
     On this machine with torch elastic, or as Ray Train workers when `options.cluster` is set; each
-    backend checks its options and the payload before any process starts.
+    launcher checks its options and the payload before any process starts.
     """
     options = options or LaunchOptions()
-    backend = local if options.cluster is None else ray_backend
+    launcher = local if options.cluster is None else ray_launcher
     if options.shared is None:
-        return backend.launch(fn, args, kwargs or {}, options)
+        return launcher.launch(fn, args, kwargs or {}, options)
     check_options(options)
     with shared_paths(**options.shared) as marked:
-        return backend.launch(SharedPathsChecked(fn, marked), args, kwargs or {}, options)
+        return launcher.launch(SharedPathsChecked(fn, marked), args, kwargs or {}, options)
 
 
 class SharedPathsChecked:

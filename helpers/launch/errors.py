@@ -1,9 +1,13 @@
-"""A rank's failure, as both backends record it, pick its root cause and raise it in the caller.
+"""A rank's failure, as both launchers record it, pick its root cause and raise it in the caller.
 
-* A rank whose function raises records a `RankFailure` (a typed record: rank, attempt, time, host,
+The names: `RankError` is what a caller catches (any rank's failure); `RankFailedError` is the RankError
+raised for a rank whose exception did not come back; `RankExceptionRecord` is what a rank writes when its
+function raises; `RankExitStatus` is what the launcher knows of a rank that ended without writing one.
+
+* A rank whose function raises records a `RankExceptionRecord` (a typed record: rank, attempt, time, host,
   pid, the exception's text and traceback, the exception itself pickled when it can be), in a file
   (local) or with the collector actor (Ray).
-* `root_cause` picks the failure that ended the job, by one rule for both backends (after torch
+* `root_cause` picks the failure that ended the job, by one rule for both launchers (after torch
   elastic's `ProcessFailure` timestamps): of the last attempt, the earliest exception that is not a
   KeyboardInterrupt, since ranks stopped because a peer died raise later than the peer did.
 * `rebuild_exception` raises it in the caller as an instance of the original's own class that is also
@@ -53,7 +57,7 @@ class RankFailedError(RankError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class RankFailure:
+class RankExceptionRecord:
     """What a rank records when its function raises: enough to rebuild the exception in the caller."""
 
     rank: int
@@ -67,7 +71,7 @@ class RankFailure:
     pid: int = 0
 
     @classmethod
-    def capture(cls, exc: BaseException, rank: int, attempt: int) -> RankFailure:
+    def capture(cls, exc: BaseException, rank: int, attempt: int) -> RankExceptionRecord:
         """Record `exc`, raised by the function on `rank`; never raises itself."""
         try:
             pickled: bytes | None = cloudpickle.dumps(exc)
@@ -83,7 +87,7 @@ class RankFailure:
         return pickle.dumps(self)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> RankFailure | None:
+    def from_bytes(cls, data: bytes) -> RankExceptionRecord | None:
         """The record, or None for a file that is not one (half written, another version's)."""
         try:
             record = pickle.loads(data)
@@ -103,16 +107,16 @@ class RankFailure:
 
 
 @dataclass(frozen=True)
-class RankExit:
-    """A rank that ended the job without a recorded exception: what the backend knows of it."""
+class RankExitStatus:
+    """A rank that ended the job without a recorded exception: what the launcher knows of it."""
 
     rank: int | None
     exitcode: int | None = None
     signal_name: str | None = None  # "SIGKILL" for exitcode -9
-    detail: str | None = None  # the backend's own words (Ray's error for that worker)
+    detail: str | None = None  # what Ray Train said of that worker (its error's first line)
 
 
-def root_cause(failures: Iterable[RankFailure]) -> RankFailure | None:
+def root_cause(failures: Iterable[RankExceptionRecord]) -> RankExceptionRecord | None:
     """The failure that ended the job: of the last attempt, the earliest that is not a KeyboardInterrupt.
 
     After elastic restarts, what ended the job is the last attempt's failure. Ranks that failed because
@@ -131,7 +135,7 @@ def root_cause(failures: Iterable[RankFailure]) -> RankFailure | None:
 class _Rebuilt:
     """Mixed into a rank's exception class: the launcher's message as str(), pickled by rebuilding."""
 
-    _failure: RankFailure
+    _failure: RankExceptionRecord
     _rank_message: str
 
     def __str__(self) -> str:
@@ -184,7 +188,7 @@ def _as_instance_of(original: BaseException) -> BaseException:
     return exc
 
 
-def rebuild_exception(failure: RankFailure, world_size: int) -> BaseException:
+def rebuild_exception(failure: RankExceptionRecord, world_size: int) -> BaseException:
     """The rank's exception, to raise in the caller: its own type and attributes, plus `rank`.
 
     The message names the rank and carries the remote traceback; a note says where it ran. An exception
@@ -215,7 +219,7 @@ def rebuild_exception(failure: RankFailure, world_size: int) -> BaseException:
     return exc
 
 
-def rank_died(exit: RankExit, world_size: int, logs: str) -> RankFailedError:
+def rank_died(exit: RankExitStatus, world_size: int, logs: str) -> RankFailedError:
     """The error for a rank that died without raising; `logs` says where its output is."""
     if exit.signal_name:
         what = f"was killed by signal {exit.signal_name} (exit code {exit.exitcode})"
@@ -229,7 +233,8 @@ def rank_died(exit: RankExit, world_size: int, logs: str) -> RankFailedError:
     )
 
 
-def job_failure(failures: Iterable[RankFailure], world_size: int, exit: RankExit, logs: str) -> BaseException:
+def job_failure(failures: Iterable[RankExceptionRecord], world_size: int, exit: RankExitStatus,
+                logs: str) -> BaseException:
     """What a failed launch raises: the root cause's exception, else the error of the rank that died."""
     cause = root_cause(failures)
     if cause is not None:

@@ -1,4 +1,4 @@
-"""The local backend: every rank a process of this machine, started by torch elastic.
+"""The local launcher: every rank a process of this machine, started by torch elastic.
 
 Built on torch's own elastic launcher (`torch.distributed.launcher.api.elastic_launch`): it gives the
 workers the standard environment (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.launch import _compat, local_worker
-from helpers.launch.errors import RankExit, job_failure
+from helpers.launch.errors import RankExitStatus, job_failure
 from helpers.launch.options import (
     LOCAL,
     LaunchOptions,
@@ -191,12 +191,12 @@ def _quiet_elastic_logs(verbose: bool) -> Iterator[None]:
         yield
 
 
-def _rank_exit(error: Any) -> RankExit:
+def _exit_status(error: Any) -> RankExitStatus:
     """What torch elastic knows of the first rank that failed (a ChildFailedError)."""
     rank, first = error.get_first_failure()
     exitcode = first.exitcode if first is not None else None
     signal_name = first.signal_name() if exitcode is not None and exitcode < 0 else None
-    return RankExit(rank=rank, exitcode=exitcode, signal_name=signal_name)
+    return RankExitStatus(rank=rank, exitcode=exitcode, signal_name=signal_name)
 
 
 def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
@@ -259,7 +259,7 @@ def _run_ranks(config: Any, python: str | None, payload_path: Path, run_dir: Pat
         else:  # another environment's interpreter: each rank is a command, started by the same agent
             elastic_launch(config, python)(*local_worker.bootstrap_arguments(*arguments))
     except ChildFailedError as e:
-        raise job_failure(local_worker.read_failures(run_dir), world_size, _rank_exit(e),
+        raise job_failure(local_worker.read_failures(run_dir), world_size, _exit_status(e),
                           logs="see the rank's output above") from None
     except _compat.signal_exception_type() as e:
         if getattr(e, "sigval", None) == signal.SIGINT:

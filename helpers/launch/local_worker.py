@@ -17,7 +17,7 @@ import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
 
 from helpers.files import atomic_write
 from helpers.launch import _compat
-from helpers.launch.errors import RankFailure
+from helpers.launch.errors import RankExceptionRecord
 from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_result
 
 PROGRESS_FOLDER = "progress"  # under the launch folder: rank 0's bar states (helpers.progress)
@@ -37,9 +37,10 @@ def failure_path(run_dir: str | Path, rank: int, attempt: int) -> Path:
     return Path(run_dir) / f"error-{rank}-attempt{attempt}.pkl"
 
 
-def read_failures(run_dir: str | Path) -> list[RankFailure]:
+def read_failures(run_dir: str | Path) -> list[RankExceptionRecord]:
     """Every failure the ranks of this launch recorded, all attempts; unreadable files are skipped."""
-    records = (RankFailure.from_bytes(path.read_bytes()) for path in Path(run_dir).glob("error-*.pkl"))
+    paths = Path(run_dir).glob("error-*.pkl")
+    records = (RankExceptionRecord.from_bytes(path.read_bytes()) for path in paths)
     return [r for r in records if r is not None]
 
 
@@ -97,7 +98,7 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
         atomic_write(result_path(run_dir, rank), serialise_result(fn, rank, result))
     except BaseException as exc:
         try:
-            record = RankFailure.capture(exc, rank, attempt)
+            record = RankExceptionRecord.capture(exc, rank, attempt)
             atomic_write(failure_path(run_dir, rank, attempt), record.to_bytes())
         except Exception:  # a full disk must not hide the rank's own exception
             pass

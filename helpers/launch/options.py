@@ -1,11 +1,10 @@
 """Launch options, and the one validator that turns them and the machine's facts into a plan.
 
-Both backends check options here, with the same rules and the same messages. What differs between
-them is an explicit `Target` argument (which torch.distributed backends its workers can use, what the
-messages call the place where the ranks run, whether the launcher shares the CPUs out between ranks),
-and the machine's facts (GPU count, usable CPUs) are arguments that default to this machine's, so a
-test or a notebook can ask what a launch would start on a machine with 8 GPUs without patching
-anything.
+Both launchers (local and Ray) check options here, with the same rules and the same messages. What
+differs between them is an explicit `Target` argument (which torch.distributed backends its workers can
+use, what the messages call the place where the ranks run, whether the launcher shares the CPUs out between
+ranks), and the machine's facts (GPU count, usable CPUs) are arguments that default to this machine's, so a
+test or a notebook can ask what a launch would start on a machine with 8 GPUs without patching anything.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class LaunchOptions:
     progress: bool | None = None
     # The interpreter the ranks run with: None, this one; else another environment's python (its own
     # packages, this process's helpers), for a framework that cannot share the notebook's environment
-    # (notebook 09: Axolotl). Local backend only; a Ray cluster gives its workers a runtime_env instead.
+    # (notebook 09: Axolotl). Local launcher only; a Ray cluster gives its workers a runtime_env instead.
     python: str | None = None
     # True: the launchers' own logs as they are (torch elastic's agent, Ray's INFO lines), for when a launch
     # fails in a way the short error does not explain. False: only what the ranks print, and the error.
@@ -73,7 +72,7 @@ class LaunchPlan:
 
 @dataclass(frozen=True)
 class Target:
-    """What one backend can run, as the validator needs to know it."""
+    """What one launcher (local or Ray) can run, as the validator needs to know it."""
 
     where: str  # the place the ranks run, as the messages name it
     backends: tuple[str, ...]  # torch.distributed backends its workers can use
@@ -97,7 +96,7 @@ OPTION_NAMES = tuple(f.name for f in fields(LaunchOptions))
 
 
 def target_of(options: LaunchOptions) -> Target:
-    """The backend a launch with these options goes to: this machine, or Ray when `cluster` is set."""
+    """The launcher a launch with these options goes to: this machine, or Ray when `cluster` is set."""
     return LOCAL if options.cluster is None else RAY
 
 
@@ -186,7 +185,7 @@ def plan_launch(options: LaunchOptions, *, gpus: int | None = None, target: Targ
     """Turn the options into a concrete (processes, device, backend), or say what to change.
 
     `gpus` is the number of GPUs of `target` (default: this machine's, asked only when the device may
-    be a GPU); the Ray backend passes the cluster's.
+    be a GPU); the Ray launcher passes the cluster's.
     """
     check_options(options, target)
     device = options.device

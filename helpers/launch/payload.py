@@ -1,6 +1,6 @@
 """What travels from the launching process to every rank, and how a rank puts it to use.
 
-The same in both backends: the caller serialises the call (function and arguments) once with
+The same in both launchers: the caller serialises the call (function and arguments) once with
 cloudpickle, so a function, closure or class defined in a notebook cell travels by value, and an
 argument that cannot travel is named before any process starts. Around it, a `Payload` carries what
 the rank needs to behave as if it ran in the caller (environment, import path, working directory) and
@@ -25,7 +25,7 @@ import cloudpickle
 from helpers.context import BACKEND_ENV, NODE_ENV
 from helpers.launch.errors import RankFailedError
 from helpers.launch.options import LaunchError
-from helpers.progress import ENV_DIR, ENV_SWITCH
+from helpers.progress import PROGRESS_DIR_ENV, PROGRESS_SWITCH_ENV
 
 # The kinds of rank, one `RankSetup` each (below): a rank of the local launcher, a rank of the local launcher
 # running another environment's interpreter (launch option python=), a Ray Train worker.
@@ -206,11 +206,11 @@ class Payload:
 
     def _route_progress(self, progress_dir: str | Path | None) -> None:
         if self.progress and progress_dir is not None:
-            os.environ[ENV_DIR] = str(progress_dir)
+            os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
         else:
-            os.environ.pop(ENV_DIR, None)
+            os.environ.pop(PROGRESS_DIR_ENV, None)
             if not self.progress:
-                os.environ[ENV_SWITCH] = "off"
+                os.environ[PROGRESS_SWITCH_ENV] = "off"
 
     def _set_threads_and_device(self) -> None:
         import torch

@@ -1,4 +1,4 @@
-"""The Ray backend: run a notebook function as Ray Train workers.
+"""The Ray launcher: run a notebook function as Ray Train workers.
 
 `@distributed(processes=4, cluster="ray")` (or `cluster="auto"`, or an address such as
 `"ray://head:10001"`) runs the same decorated function that the local launcher runs, as the workers of a
@@ -60,7 +60,7 @@ from typing import Any
 from helpers.context import NODE_ENV
 from helpers.env import temporary_environ
 from helpers.launch import _compat
-from helpers.launch.errors import RankExit, RankFailure, job_failure
+from helpers.launch.errors import RankExceptionRecord, RankExitStatus, job_failure
 from helpers.launch.options import (
     DEFAULT_CPU_PROCESSES,
     RAY,
@@ -98,7 +98,7 @@ class _Collector:
     def __init__(self) -> None:
         self._lines: list[tuple[int, str, str]] = []
         self._results: dict[int, bytes] = {}
-        self._failures: list[RankFailure] = []
+        self._failures: list[RankExceptionRecord] = []
         self._starts: dict[int, int] = {}
 
     def start(self, rank: int) -> int:
@@ -118,10 +118,10 @@ class _Collector:
     def put_result(self, rank: int, data: bytes) -> None:
         self._results[rank] = data
 
-    def put_failure(self, failure: RankFailure) -> None:
+    def put_failure(self, failure: RankExceptionRecord) -> None:
         self._failures.append(failure)
 
-    def collected(self) -> tuple[dict[int, bytes], list[RankFailure]]:
+    def collected(self) -> tuple[dict[int, bytes], list[RankExceptionRecord]]:
         return self._results, self._failures
 
 
@@ -209,7 +209,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             # Recorded before Ray sees the failure, so the driver can rebuild it.
-            ray.get(collector.put_failure.remote(RankFailure.capture(exc, rank, attempt)))
+            ray.get(collector.put_failure.remote(RankExceptionRecord.capture(exc, rank, attempt)))
             raise
     ray.get(collector.put_result.remote(rank, data))
     destroy_leftover_process_group()
@@ -247,14 +247,14 @@ def _print_lines(lines: list[tuple[int, str, str]], prefix: str) -> None:
         sys.stderr.flush()
 
 
-def _rank_exit(error: BaseException) -> RankExit:
+def _exit_status(error: BaseException) -> RankExitStatus:
     """What Ray Train says of the first worker that failed (`WorkerGroupError.worker_failures`)."""
     failures = getattr(error, "worker_failures", None) or {}
     rank = min(failures) if failures else None
     cause = failures[rank] if failures else error
     detail = f"{type(cause).__name__}: {cause}"
     first = detail.strip().splitlines()[0] if detail.strip() else detail
-    return RankExit(rank=rank, detail=first)
+    return RankExitStatus(rank=rank, detail=first)
 
 
 @contextlib.contextmanager
@@ -321,7 +321,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
                 if not options.log_dir:
                     shutil.rmtree(run_dir, ignore_errors=True)
         if error is not None:
-            raise job_failure(failures, plan.processes, _rank_exit(error),
+            raise job_failure(failures, plan.processes, _exit_status(error),
                               logs="Ray's logs are in the session folder") from None
         return load_results(results, plan.processes)
 

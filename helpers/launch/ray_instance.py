@@ -1,7 +1,7 @@
 """A Ray connection for the length of a block: an existing `ray.init()` as it is, a named cluster, or a
 private local instance started and stopped around the block, leaving no Ray process behind.
 
-The launcher's Ray backend runs inside one; notebooks that call Ray Train themselves (06) open their own.
+The Ray launcher runs inside one; notebooks that call Ray Train themselves (06) open their own.
 """
 
 from __future__ import annotations

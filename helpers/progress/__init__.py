@@ -36,13 +36,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-from helpers.progress.settings import ENV_DIR, ENV_SWITCH, METADATA_KEY, MIN_INTERVAL, RELAY_NAME
+from helpers.progress.settings import (
+    MIN_INTERVAL,
+    PROGRESS_DIR_ENV,
+    PROGRESS_METADATA_KEY,
+    PROGRESS_SWITCH_ENV,
+    RELAY_NAME,
+)
 from helpers.progress.transports import relay_ray_progress, sink_for, watch_progress_dir
 from helpers.progress.view import ProgressView, check_enabled, format_bar, progress_view
 
-__all__ = ["ENV_DIR", "ENV_SWITCH", "METADATA_KEY", "MIN_INTERVAL", "RELAY_NAME", "ProgressView",
-           "RankProgress", "check_enabled", "format_bar", "progress_bar", "progress_view",
-           "relay_ray_progress", "watch_progress_dir"]
+ENV_DIR = PROGRESS_DIR_ENV  # the name benchmarks/progress_overhead.py imports
+
+__all__ = ["ENV_DIR", "MIN_INTERVAL", "PROGRESS_DIR_ENV", "PROGRESS_METADATA_KEY", "PROGRESS_SWITCH_ENV",
+           "RELAY_NAME", "ProgressView", "RankProgress", "check_enabled", "format_bar", "progress_bar",
+           "progress_view", "relay_ray_progress", "watch_progress_dir"]
 
 T = TypeVar("T")
 _counter = 0

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from helpers.progress.settings import METADATA_KEY, in_jupyter_kernel, switch
+from helpers.progress.settings import PROGRESS_METADATA_KEY, in_jupyter_kernel, switch
 
 
 def format_bar(state: dict[str, Any], ncols: int | None = 100) -> str:
@@ -64,7 +64,7 @@ class ProgressView:
 
         text = format_bar(state)
         data = {"text/plain": text, "text/html": _as_html(state, text)}
-        metadata = {METADATA_KEY: {"id": key, "n": state["n"], "total": state.get("total"),
+        metadata = {PROGRESS_METADATA_KEY: {"id": key, "n": state["n"], "total": state.get("total"),
                                    "closed": bool(state.get("closed"))}}
         handle = self._bars.get(key)
         if handle is None:
