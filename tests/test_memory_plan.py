@@ -1,11 +1,10 @@
 """helpers.memory_plan: the counts of the published models, the arithmetic by hand, against DeepSpeed's own
 estimators, bitsandbytes' NF4 storage, peft's trainable count and what FSDP2 really allocates per rank; all
-through `helpers.memory_plan`, which re-exports helpers.param_counts, published_models and technique_plan."""
+through `helpers.memory_plan`, which re-exports helpers.param_counts, published_models and technique_plan
+(tests/test_reexports.py holds it to that)."""
 
 from __future__ import annotations
 
-import ast
-import json
 import os
 import subprocess
 import sys
@@ -328,41 +327,3 @@ def test_readme_figures_are_what_the_module_prints():
     assert shown == mp.readme_table(), (
         "README.md's model-state table differs from what the module prints: "
         "python -m helpers.memory_plan --write-readme")
-
-
-def _names_used_from_memory_plan(source: str) -> set[str]:
-    """The names `source` imports from helpers.memory_plan or reads off the module (`memory_plan.X`,
-    `mp.X`)."""
-    tree = ast.parse(source)
-    names, aliases = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "helpers.memory_plan":
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module == "helpers":
-            aliases |= {a.asname or a.name for a in node.names if a.name == "memory_plan"}
-    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-              and isinstance(n.value, ast.Name) and n.value.id in aliases}
-    return {n for n in names if not n.startswith("__")}   # a module's own attributes (__all__, __name__)
-
-
-def test_every_name_used_from_memory_plan_is_reexported():
-    """Notebooks, helpers, benchmarks, tools and tests use these names of helpers.memory_plan: each stands in
-    its `__all__`, and each of those is the object of the module that holds it."""
-    from pathlib import Path
-
-    from helpers.paths import ROOT
-
-    sources = [p.read_text() for folder in ("helpers", "benchmarks", "tools", "tests")
-               for p in (Path(ROOT) / folder).rglob("*.py")]
-    for notebook in (Path(ROOT) / "notebooks").glob("*.ipynb"):
-        sources += ["\n".join(line for line in "".join(cell["source"]).splitlines()
-                              if not line.lstrip().startswith(("%", "!")))
-                    for cell in json.loads(notebook.read_text())["cells"] if cell["cell_type"] == "code"]
-    used = set().union(*map(_names_used_from_memory_plan, sources))
-    assert {"count_parameters", "fsdp_with_layers_in_flight"} <= used, "the scan found nothing: it is broken"
-    missing = sorted(used - set(mp.__all__))
-    assert not missing, f"{missing} are used from helpers.memory_plan but its __all__ does not list them"
-    for name in mp.__all__:
-        value = getattr(mp, name)
-        home = sys.modules[getattr(value, "__module__", None) or mp.__name__]
-        assert getattr(home, name, value) is value, f"memory_plan.{name} is not {home.__name__}.{name}"
