@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from helpers.env import project_env, project_env_name
+
 # Set by the launchers in every rank (and for an in-process call): the torch backend the launch chose.
-BACKEND_ENV = "HELPERS_DIST_BACKEND"
+BACKEND_ENV = project_env_name("DIST_BACKEND")
 # Set by the Ray launcher in every worker: the Ray node id of the machine the rank runs on.
-NODE_ENV = "HELPERS_NODE_ID"
+NODE_ENV = project_env_name("NODE_ID")
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ def worker_context() -> WorkerContext:
     import torch
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = project_env("DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
     device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
     return WorkerContext(
         rank=int(os.environ.get("RANK", "0")),
@@ -54,5 +56,5 @@ def worker_context() -> WorkerContext:
         backend=backend,
         device=device,
         attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        node=os.environ.get(NODE_ENV) or socket.gethostname(),
+        node=project_env("NODE_ID") or socket.gethostname(),
     )

@@ -13,6 +13,8 @@ import math
 import os
 from pathlib import Path
 
+from helpers.env import project_env, project_env_name
+
 # Where the cgroup file systems are mounted; a test points these at a fake tree.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -99,17 +101,18 @@ def usable_cpus(root: Path | None = None, proc_self_cgroup: Path = Path("/proc/s
 def threads_per_rank(processes: int, root: Path | None = None, cpus: int | None = None) -> int:
     """Intra-op threads for each of `processes` CPU ranks: the usable CPUs (or `cpus`) shared out, at least 1.
 
-    `HELPERS_THREADS_PER_PROCESS` sets it for every launch (e.g. to test another thread count without
+    `GALLERY_THREADS_PER_PROCESS` sets it for every launch (e.g. to test another thread count without
     changing a notebook); a launch's own `threads_per_process` option still wins over both.
     """
-    forced = os.environ.get("HELPERS_THREADS_PER_PROCESS", "").strip()
+    forced = (project_env("THREADS_PER_PROCESS") or "").strip()
     if forced:
         try:
             value = int(forced)
         except ValueError:
             value = 0
         if value < 1:
-            raise ValueError(f"HELPERS_THREADS_PER_PROCESS={forced!r}: set a whole number >= 1, or unset it.")
+            variable = project_env_name("THREADS_PER_PROCESS")
+            raise ValueError(f"{variable}={forced!r}: set a whole number >= 1, or unset it.")
         return value
     return max(1, (usable_cpus(root) if cpus is None else cpus) // max(1, processes))
 

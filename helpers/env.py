@@ -1,14 +1,46 @@
-"""Environment variables: on/off switches read one way, temporary values restored exactly afterwards (set,
-changed or unset), and the variables that give a process another machine's CPU arithmetic."""
+"""Environment variables: the project's own settings (`GALLERY_<NAME>`), on/off switches read one way,
+temporary values restored exactly afterwards (set, changed or unset), and the variables that give a process
+another machine's CPU arithmetic."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 
 _OFF = frozenset({"0", "off", "false", "no"})
 _ON = frozenset({"1", "on", "true", "yes"})
+# Every setting of the project is read as PROJECT_PREFIX + its name; OLD_PREFIX + the name is still read, with
+# a DeprecationWarning, where the new one is unset (for this release only).
+PROJECT_PREFIX, OLD_PREFIX = "GALLERY_", "HELPERS_"
+
+
+def project_env_name(name: str) -> str:
+    """The variable that holds the project's setting `name`: `GALLERY_<name>`."""
+    return PROJECT_PREFIX + name
+
+
+def _project_variable(name: str) -> str | None:
+    """The variable that sets `name` now: GALLERY_<name>, else HELPERS_<name> (with a warning), else None."""
+    new, old = PROJECT_PREFIX + name, OLD_PREFIX + name
+    if new in os.environ:
+        return new
+    if old in os.environ:
+        warnings.warn(f"{old} is deprecated: set {new} instead ({old} stops working in the next release).",
+                      DeprecationWarning, stacklevel=3)
+        return old
+    return None
+
+
+def project_env(name: str, default: str | None = None) -> str | None:
+    """The project's setting `name` (`project_env("PROGRESS")` reads GALLERY_PROGRESS); `default` if unset.
+
+    Where only the older HELPERS_<name> is set, its value is used and a DeprecationWarning names the new
+    variable.
+    """
+    variable = _project_variable(name)
+    return os.environ[variable] if variable is not None else default
 
 
 def env_flag(name: str, default: bool | None = None) -> bool | None:
@@ -16,14 +48,24 @@ def env_flag(name: str, default: bool | None = None) -> bool | None:
 
     Anything else is refused rather than guessed, so a typo does not silently mean "on".
     """
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
+    return _flag(name, os.environ.get(name, ""), default)
+
+
+def project_flag(name: str, default: bool | None = None) -> bool | None:
+    """The project's on/off setting `name` (GALLERY_<name>), read as `env_flag` reads a switch."""
+    variable = _project_variable(name)
+    return default if variable is None else _flag(variable, os.environ[variable], default)
+
+
+def _flag(variable: str, value: str, default: bool | None) -> bool | None:
+    cleaned = value.strip().lower()
+    if not cleaned:
         return default
-    if value in _OFF:
+    if cleaned in _OFF:
         return False
-    if value in _ON:
+    if cleaned in _ON:
         return True
-    raise ValueError(f"{name}={os.environ[name]!r}: use 'on' or 'off' (or leave it unset).")
+    raise ValueError(f"{variable}={value!r}: use 'on' or 'off' (or leave it unset).")
 
 
 # Kernels of another instruction set, for ATen, oneDNN and MKL together, so one machine can check what another

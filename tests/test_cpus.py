@@ -58,7 +58,7 @@ def test_a_two_cpu_container_on_a_big_host_gets_one_thread_per_rank(tmp_path, mo
     (root / "cpu.max").write_text("200000 100000\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
-    monkeypatch.delenv("HELPERS_THREADS_PER_PROCESS", raising=False)
+    monkeypatch.delenv("GALLERY_THREADS_PER_PROCESS", raising=False)
     assert cpus.usable_cpus() == 2
     assert cpus.threads_per_rank(2) == 1
     assert cpus.threads_per_rank(1) == 2
@@ -69,30 +69,30 @@ def test_affinity_mask_caps_the_count(tmp_path, monkeypatch):
     root.mkdir()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
-    monkeypatch.delenv("HELPERS_THREADS_PER_PROCESS", raising=False)
+    monkeypatch.delenv("GALLERY_THREADS_PER_PROCESS", raising=False)
     assert cpus.usable_cpus() == 3
     assert cpus.threads_per_rank(2) == 1
     assert cpus.threads_per_rank(8) == 1
 
 
 def test_threads_forced_by_environment(monkeypatch):
-    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "4")
+    monkeypatch.setenv("GALLERY_THREADS_PER_PROCESS", "4")
     assert cpus.threads_per_rank(2) == 4
-    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "zero")
-    with pytest.raises(ValueError, match="HELPERS_THREADS_PER_PROCESS='zero'"):
+    monkeypatch.setenv("GALLERY_THREADS_PER_PROCESS", "zero")
+    with pytest.raises(ValueError, match="GALLERY_THREADS_PER_PROCESS='zero'"):
         cpus.threads_per_rank(2)
 
 
 def test_bad_thread_setting_fails_before_any_process(monkeypatch):
     from helpers import LaunchError, distributed
 
-    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "0")
+    monkeypatch.setenv("GALLERY_THREADS_PER_PROCESS", "0")
 
     @distributed(processes=2, device="cpu", start_method="spawn")
     def never(x):
         raise AssertionError("a rank started")
 
-    with pytest.raises(LaunchError, match="HELPERS_THREADS_PER_PROCESS"):
+    with pytest.raises(LaunchError, match="GALLERY_THREADS_PER_PROCESS"):
         never.distributed(1)
 
 

@@ -38,10 +38,10 @@ def test_the_machine_facts_are_arguments():
 
 def test_thread_override_from_the_environment(monkeypatch):
     plan = plan_launch(LaunchOptions(processes=2, device="cpu"))
-    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "5")
+    monkeypatch.setenv("GALLERY_THREADS_PER_PROCESS", "5")
     assert plan_threads(LaunchOptions(), plan, cpus=16) == 5
-    monkeypatch.setenv("HELPERS_THREADS_PER_PROCESS", "none")
-    with pytest.raises(LaunchError, match="HELPERS_THREADS_PER_PROCESS='none'"):
+    monkeypatch.setenv("GALLERY_THREADS_PER_PROCESS", "none")
+    with pytest.raises(LaunchError, match="GALLERY_THREADS_PER_PROCESS='none'"):
         plan_threads(LaunchOptions(), plan, cpus=16)
 
 
@@ -92,7 +92,7 @@ def environ_restored():
 
 def _apply(monkeypatch, tmp_path, setup: payload.RankSetup, env: dict[str, str],
            prefixes: tuple[str, ...] = ()) -> None:
-    for key in ("GALLERY_PAYLOAD_NEW", "HELPERS_PROGRESS", "HELPERS_PROGRESS_DIR"):
+    for key in ("GALLERY_PAYLOAD_NEW", "GALLERY_PROGRESS", "GALLERY_PROGRESS_DIR"):
         os.environ.pop(key, None)
     os.environ.update(GALLERY_PAYLOAD_OLD="the worker's", RANK="1")
     monkeypatch.setattr(sys, "path", ["", "/worker/site-packages"])
@@ -105,8 +105,8 @@ def _apply(monkeypatch, tmp_path, setup: payload.RankSetup, env: dict[str, str],
     fn, args, kwargs = p.load_call()
     assert fn(*args, **kwargs) == 3
     assert os.environ["RANK"] == "1", "a per-worker variable is never replaced"
-    assert os.environ["HELPERS_DIST_BACKEND"] == "gloo" and os.environ["MPLBACKEND"] == "Agg"
-    assert os.environ["HELPERS_PROGRESS"] == "off", "nobody draws the bars: off in the rank"
+    assert os.environ["GALLERY_DIST_BACKEND"] == "gloo" and os.environ["MPLBACKEND"] == "Agg"
+    assert os.environ["GALLERY_PROGRESS"] == "off", "nobody draws the bars: off in the rank"
 
 
 def test_a_local_rank_takes_the_callers_values(monkeypatch, tmp_path, environ_restored):

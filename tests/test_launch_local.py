@@ -104,7 +104,7 @@ def test_rank_freezes_what_it_imported_and_still_collects_what_it_creates():
 
 
 ELASTIC_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-               "HELPERS_DIST_BACKEND")
+               "GALLERY_DIST_BACKEND")
 
 
 def test_in_process_call_is_rank_zero_of_one():
@@ -446,7 +446,7 @@ def test_preload_starts_the_forkserver_at_once_with_those_modules(tmp_path):
                           "late": [str(w.message) for w in caught], "ranks": probe.distributed(),
                           "caller": "colorsys" in sys.modules}))
     """)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": "",
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GALLERY_PRELOAD": "",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env=env)
@@ -495,7 +495,7 @@ def test_preload_adds_nothing_on_a_machine_with_gpus(monkeypatch):
 
 
 def test_helpers_preload_imports_once_in_the_forkserver():
-    """HELPERS_PRELOAD (set before the first @distributed, e.g. outside the notebook) makes every rank of
+    """GALLERY_PRELOAD (set before the first @distributed, e.g. outside the notebook) makes every rank of
     every launch start with those modules imported; without it a rank imports them itself (torch._dynamo:
     1.2 s, which every torch optimizer pays when built). A fresh interpreter each: no other test's server
     counts."""
@@ -512,7 +512,7 @@ def test_helpers_preload_imports_once_in_the_forkserver():
     """)
     seen = {}
     for preload in ("torch._dynamo", ""):
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HELPERS_PRELOAD": preload}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "GALLERY_PRELOAD": preload}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                              cwd=ROOT, env=env)
         assert out.returncode == 0, out.stderr

@@ -37,7 +37,7 @@ def _steps(n: int, delay: float) -> dict:
         print(f"step {i} rank {ctx.rank}", flush=True)
     bar.close()
     return {"finished": time.monotonic(), "sink": type(bar._sink).__name__,
-            "switch": os.environ.get("HELPERS_PROGRESS"), "dir": os.environ.get("HELPERS_PROGRESS_DIR")}
+            "switch": os.environ.get("GALLERY_PROGRESS"), "dir": os.environ.get("GALLERY_PROGRESS_DIR")}
 
 
 def test_rank0_bar_is_drawn_live_by_the_launching_process(recording_view, capfd):
@@ -67,19 +67,19 @@ def test_no_bar_anywhere_when_progress_is_off(recording_view):
 
 
 def test_environment_switch_off_wins(monkeypatch):
-    monkeypatch.setenv("HELPERS_PROGRESS", "off")
+    monkeypatch.setenv("GALLERY_PROGRESS", "off")
     assert helpers.progress.progress_view() is None and helpers.progress.progress_view(True) is None
-    monkeypatch.setenv("HELPERS_PROGRESS", "on")
+    monkeypatch.setenv("GALLERY_PROGRESS", "on")
     assert helpers.progress.progress_view().mode == "terminal"
-    monkeypatch.delenv("HELPERS_PROGRESS")
+    monkeypatch.delenv("GALLERY_PROGRESS")
     assert helpers.progress.progress_view() is None, "pytest's stderr is no terminal: automatic means off"
 
 
 def test_bad_progress_settings_fail_before_any_process(monkeypatch):
     with pytest.raises(LaunchError, match="progress='yes'"):
         _steps.options(progress="yes").distributed(1, 0.0)
-    monkeypatch.setenv("HELPERS_PROGRESS", "maybe")
-    with pytest.raises(LaunchError, match="HELPERS_PROGRESS='maybe'.*'on' or 'off'"):
+    monkeypatch.setenv("GALLERY_PROGRESS", "maybe")
+    with pytest.raises(LaunchError, match="GALLERY_PROGRESS='maybe'.*'on' or 'off'"):
         _steps.distributed(1, 0.0)
 
 

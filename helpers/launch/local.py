@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from helpers.env import project_env
 from helpers.launch import _compat, local_worker
 from helpers.launch.errors import RankExitStatus, job_failure
 from helpers.launch.options import (
@@ -62,8 +63,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _preload_list(modules: tuple[str, ...] = ()) -> list[str]:
     """The forkserver's imports: its output to a file, the worker module (and torch with it), `modules`, then
-    HELPERS_PRELOAD's."""
-    extra = [m.strip() for m in os.environ.get("HELPERS_PRELOAD", "").split(",") if m.strip()]
+    GALLERY_PRELOAD's."""
+    extra = [m.strip() for m in (project_env("PRELOAD") or "").split(",") if m.strip()]
     return list(dict.fromkeys([FORKSERVER_OUTPUT, local_worker.__name__, *modules, *extra]))
 
 
@@ -81,7 +82,7 @@ def prepare_forkserver(start_now: bool = False, modules: tuple[str, ...] = ()) -
         # Only torch by default: every extra module delays the first launch by its import time, which is what
         # a cold launch pays (benchmarks/launch_latency.py measures it). Notebooks that launch many times with
         # FSDP, DeepSpeed or Lightning (which import dynamo lazily in every rank) add them with `preload(...)`
-        # or HELPERS_PRELOAD="torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
+        # or GALLERY_PRELOAD="torch._dynamo,torch.distributed.checkpoint" before the first @distributed.
         _forkserver_modules = _preload_list(modules)
         multiprocessing.get_context("forkserver").set_forkserver_preload(_forkserver_modules)
         _forkserver_ready = True
@@ -116,7 +117,7 @@ def preload(*modules: str, optimizers: bool = True) -> None:
 
     A rank that imports transformers, TRL and DeepSpeed itself spends seconds of every launch on it, each
     rank at once. Called in a notebook's import cell, the server imports them on a free core while the
-    notebook goes on (its own imports, its data), and the ranks start with them loaded. HELPERS_PRELOAD
+    notebook goes on (its own imports, its data), and the ranks start with them loaded. GALLERY_PRELOAD
     (comma-separated) adds to the list. The server starts once per process: a later call with other
     modules cannot add them, and says so. (Nothing is returned: the call ends a notebook's import cell.)
 

@@ -44,7 +44,7 @@ class LaunchOptions:
     # differs on a cluster.
     cluster: str | None = None
     # Rank 0's helpers.progress_bar drawn in this process: None (automatic: in Jupyter or a terminal),
-    # True, or False. HELPERS_PROGRESS=off turns it off everywhere.
+    # True, or False. GALLERY_PROGRESS=off turns it off everywhere.
     progress: bool | None = None
     # The interpreter the ranks run with: None, this one; else another environment's python (its own
     # packages, this process's helpers), for a framework that cannot share the notebook's environment
@@ -214,7 +214,7 @@ def plan_threads(options: LaunchOptions, plan: LaunchPlan, *, target: Target = L
 
     An explicit `threads_per_process` wins. Otherwise CPU ranks of a target that shares the CPUs out
     get the usable cores (affinity mask and container quota, or `cpus`) divided between them, so two
-    ranks on two cores do not thrash; `HELPERS_THREADS_PER_PROCESS` overrides that for every launch.
+    ranks on two cores do not thrash; `GALLERY_THREADS_PER_PROCESS` overrides that for every launch.
     """
     if options.threads_per_process is not None:
         return options.threads_per_process
@@ -227,7 +227,7 @@ def plan_threads(options: LaunchOptions, plan: LaunchPlan, *, target: Target = L
 
 
 def launch_progress_view(options: LaunchOptions) -> progress.ProgressView | None:
-    """Where this launch draws rank 0's progress bar (None: nowhere); a bad HELPERS_PROGRESS fails here."""
+    """Where this launch draws rank 0's progress bar (None: nowhere); a bad GALLERY_PROGRESS fails here."""
     try:
         return progress.view.progress_view(options.progress)  # one name to patch: tests record the bars
     except ValueError as e:

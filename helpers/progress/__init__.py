@@ -19,7 +19,7 @@ How the state travels:
   `helpers-progress` in the job's namespace, which works across machines;
 * no launcher (`train(cfg)` in-process, or torchrun in a terminal): drawn directly.
 
-`HELPERS_PROGRESS=off` turns bars off everywhere; `HELPERS_PROGRESS=on` draws them in the launching process
+`GALLERY_PROGRESS=off` turns bars off everywhere; `GALLERY_PROGRESS=on` draws them in the launching process
 even when stderr is not a terminal (a log file, a CI job). The launcher option `progress=False` turns them off
 for one launch. A bar shows rates and times that change on every run, so the gallery tags each launching cell
 `nbval-ignore-output` and nbval never compares it (tests/test_progress.py checks the tags).

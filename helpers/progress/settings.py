@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from helpers.env import env_flag
+from helpers.env import project_env, project_env_name, project_flag
 
-PROGRESS_SWITCH_ENV = "HELPERS_PROGRESS"  # "off" / "on"; unset: draw in a Jupyter kernel or a terminal
-PROGRESS_DIR_ENV = "HELPERS_PROGRESS_DIR"  # set by the local launcher in each worker: where rank 0's bars go
+PROGRESS_SWITCH_ENV = project_env_name("PROGRESS")  # "off" / "on"; unset: draw in Jupyter or a terminal
+PROGRESS_DIR_ENV = project_env_name("PROGRESS_DIR")  # set by the local launcher in each rank: where bars go
 RELAY_NAME = "helpers-progress"  # the Ray actor that carries bars from Ray workers to the driver
 MIN_INTERVAL = 0.2  # seconds between two states sent for one bar (the first and the last always go)
 # in the display's metadata, so tests can find bars in stored notebooks
@@ -15,8 +15,13 @@ PROGRESS_METADATA_KEY = "helpers_progress"
 
 
 def switch() -> bool | None:
-    """HELPERS_PROGRESS: True (on), False (off), None (unset: automatic)."""
-    return env_flag(PROGRESS_SWITCH_ENV)
+    """GALLERY_PROGRESS: True (on), False (off), None (unset: automatic)."""
+    return project_flag("PROGRESS")
+
+
+def progress_dir() -> str | None:
+    """GALLERY_PROGRESS_DIR: where rank 0 writes its bars (set by the local launcher), or None."""
+    return project_env("PROGRESS_DIR") or None
 
 
 def in_jupyter_kernel() -> bool:

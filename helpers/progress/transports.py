@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 from helpers.files import write_json
 from helpers.progress import view as views
-from helpers.progress.settings import MIN_INTERVAL, PROGRESS_DIR_ENV, RELAY_NAME, switch
+from helpers.progress.settings import MIN_INTERVAL, RELAY_NAME, progress_dir, switch
 from helpers.progress.view import ProgressView, draw_while_running
 
 
@@ -127,7 +126,7 @@ def sink_for(key: str) -> Any | None:
     """Where rank 0 sends this bar: the launcher's folder, the Ray relay, or a view in this very process."""
     if switch() is False:
         return None
-    folder = os.environ.get(PROGRESS_DIR_ENV)
+    folder = progress_dir()
     if folder:
         return _FileSink(folder, key)
     relay = _ray_relay()

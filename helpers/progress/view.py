@@ -107,7 +107,7 @@ def progress_view(enabled: bool | None = None) -> ProgressView | None:
     """The view this process should draw bars in, or None where bars are off.
 
     `enabled=None` (automatic): in a Jupyter kernel, or in a terminal (stderr is a tty).
-    `HELPERS_PROGRESS=off` wins over everything; `on` draws on stderr even when it is not a terminal.
+    `GALLERY_PROGRESS=off` wins over everything; `on` draws on stderr even when it is not a terminal.
     """
     check_enabled(enabled)
     on = switch()
