@@ -223,8 +223,8 @@ def test_an_exception_that_did_not_travel_and_a_killed_rank():
 # -------------------------------------------------------------------------------------- the imports
 
 
-LAYERS = {"_compat": 0, "errors": 0, "options": 0, "forkserver_output": 1, "payload": 1, "ray_instance": 1,
-          "local_worker": 2, "local": 3, "ray": 3, "__init__": 4}
+LAYERS = {"_compat": 0, "decisions": 0, "errors": 0, "options": 0, "forkserver_output": 1, "payload": 1,
+          "ray_instance": 1, "local_worker": 2, "local": 3, "ray": 3, "__init__": 4}
 
 
 def _imports(module: str) -> set[str]:

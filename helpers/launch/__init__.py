@@ -11,7 +11,8 @@ forkserver the ranks fork from) and `ray` (Ray Train) -> the core they
 share: `options` (the one validator: options and the machine's facts into a plan), `payload` (what
 travels to a rank and how the rank applies it), `errors` (a rank's failure, its root cause, the
 exception the caller gets) and `_compat` (every private torch, Ray or standard-library API used);
-`ray_instance` (its `ray_session`) opens and closes a Ray connection or a private local instance.
+`ray_instance` (its `ray_session`) opens and closes a Ray connection or a private local instance;
+`decisions` holds the package's loggers, shown only on a verbose launch.
 
 Importing this package prepares the process for launching, in the notebook's kernel and in every rank
 alike: torch's thread pool is sized to the CPUs this container may use (torch reads the host's cores and
@@ -31,6 +32,7 @@ from helpers.context import BACKEND_ENV
 from helpers.env import temporary_environ
 from helpers.launch import local
 from helpers.launch import ray as ray_launcher
+from helpers.launch.decisions import shown, verbose_everywhere
 from helpers.launch.errors import RankError, RankFailedError
 from helpers.launch.local import preload
 from helpers.launch.options import (
@@ -100,12 +102,15 @@ def launch(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None
     launcher checks its options and the payload before any process starts.
     """
     options = options or LaunchOptions()
+    if verbose_everywhere():
+        options = replace(options, verbose=True)
     launcher = local if options.cluster is None else ray_launcher
-    if options.shared is None:
-        return launcher.launch(fn, args, kwargs or {}, options)
-    check_options(options)
-    with shared_paths(**options.shared) as marked:
-        return launcher.launch(SharedPathsChecked(fn, marked), args, kwargs or {}, options)
+    with shown(options.verbose):
+        if options.shared is None:
+            return launcher.launch(fn, args, kwargs or {}, options)
+        check_options(options)
+        with shared_paths(**options.shared) as marked:
+            return launcher.launch(SharedPathsChecked(fn, marked), args, kwargs or {}, options)
 
 
 class SharedPathsChecked:

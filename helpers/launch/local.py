@@ -47,6 +47,7 @@ from helpers.launch.payload import Payload, load_results, serialise_call
 from helpers.logs import quieted
 from helpers.progress import watch_progress_dir
 
+log = logging.getLogger(__name__)
 _HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 _forkserver_ready = False
 # Imported by the forkserver only, first: it sends the server's own output to a file (the module says why).
@@ -209,7 +210,9 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
     view = launch_progress_view(options)
     call = serialise_call(fn, args, kwargs or {})  # fails here, before any process
     payload = Payload.capture(call, backend=plan.backend, device=plan.device, threads=threads,
-                              progress=view is not None)
+                              progress=view is not None, verbose=options.verbose)
+    log.info("plan: %d processes, device %s, torch backend %s", plan.processes, plan.device, plan.backend)
+    log.info("threads per process: %s", threads or "torch's default")
 
     run_dir = Path(tempfile.mkdtemp(prefix="helpers-launch-"))
     log_root = Path(options.log_dir) if options.log_dir is not None else run_dir / "logs"
@@ -235,12 +238,15 @@ def _launch_config(options: LaunchOptions, plan: LaunchPlan, log_root: Path) -> 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
+    port = free_port(options.master_addr)
+    log.info("rendezvous: %s:%d (a port free now), up to %d restart(s)", options.master_addr, port,
+             options.max_restarts)
     return LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=plan.processes,
         run_id=f"helpers-{uuid.uuid4().hex[:12]}",
         # One machine: a static rendezvous over a c10d TCPStore on a fresh loopback port. The dynamic
         # c10d rendezvous would add a random 0-0.3 s join delay to every launch, meant for many nodes.
-        rdzv_backend="static", rdzv_endpoint=f"{options.master_addr}:{free_port(options.master_addr)}",
+        rdzv_backend="static", rdzv_endpoint=f"{options.master_addr}:{port}",
         rdzv_configs={"rank": 0, "timeout": 60}, local_addr=options.master_addr,
         max_restarts=options.max_restarts, monitor_interval=0.05, start_method=options.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(log_root), redirects=Std.ALL, tee=Std.ALL),

@@ -17,6 +17,7 @@ import torch  # noqa: F401  (pre-loaded in the forkserver on purpose)
 
 from helpers.files import atomic_write
 from helpers.launch import _compat
+from helpers.launch.decisions import tell_restart
 from helpers.launch.errors import RankExceptionRecord
 from helpers.launch.payload import Payload, destroy_leftover_process_group, serialise_result
 
@@ -92,6 +93,7 @@ def _run(payload_path: str, run_dir: str, rank: int, attempt: int) -> None:
     try:
         payload = Payload.from_bytes(Path(payload_path).read_bytes())
         payload.apply(payload.local_setup(), progress_dir=Path(run_dir) / PROGRESS_FOLDER)
+        tell_restart(rank, attempt, payload.verbose)
         _compat.prefix_store_keys_by_attempt(attempt)
         fn, args, kwargs = payload.load_call()
         result = fn(*args, **kwargs)

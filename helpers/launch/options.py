@@ -50,8 +50,10 @@ class LaunchOptions:
     # packages, this process's helpers), for a framework that cannot share the notebook's environment
     # (notebook 09: Axolotl). Local launcher only; a Ray cluster gives its workers a runtime_env instead.
     python: str | None = None
-    # True: the launchers' own logs as they are (torch elastic's agent, Ray's INFO lines), for when a launch
-    # fails in a way the short error does not explain. False: only what the ranks print, and the error.
+    # True: what the launcher decided (plan, port, threads, a restart: helpers.launch.decisions) and the
+    # engines' own logs as they are (torch elastic's agent, Ray's INFO lines), for when a launch fails in a
+    # way the short error does not explain. False: only what the ranks print, and the error. GALLERY_VERBOSE=1
+    # makes every launch verbose.
     verbose: bool = False
     # Paths the ranks read or write, by name ({"output_dir": "/mnt/run", "data_path": ...}; None values
     # skipped): marked by this process around the launch and checked by every rank before the function runs,

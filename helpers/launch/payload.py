@@ -129,14 +129,15 @@ class Payload:
     # the caller's environment prefixes (sys.prefix, sys.base_prefix): a rank whose interpreter lives in
     # another environment (launch option python=) keeps its own packages, and takes the caller's other paths
     prefixes: tuple[str, ...] = ()
+    verbose: bool = False  # a verbose launch: rank 0 says when the group restarts (helpers.launch.decisions)
 
     @classmethod
     def capture(cls, call: bytes, *, backend: str, device: str, threads: int | None,
-                progress: bool) -> Payload:
+                progress: bool, verbose: bool = False) -> Payload:
         """The payload for this launch, with the caller's environment, import path and folder as they are
         now."""
         return cls(call=call, backend=backend, device=device, threads=threads, progress=progress,
-                   env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd(),
+                   verbose=verbose, env=dict(os.environ), sys_path=tuple(sys.path), cwd=os.getcwd(),
                    prefixes=tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix))))
 
     def in_other_environment(self) -> bool:

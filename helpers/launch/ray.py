@@ -47,6 +47,7 @@ What differs (Ray decides these, not us):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -60,6 +61,7 @@ from typing import Any
 from helpers.context import NODE_ENV
 from helpers.env import temporary_environ
 from helpers.launch import _compat
+from helpers.launch.decisions import tell_restart
 from helpers.launch.errors import RankExceptionRecord, RankExitStatus, job_failure
 from helpers.launch.options import (
     DEFAULT_CPU_PROCESSES,
@@ -82,6 +84,7 @@ from helpers.launch.payload import (
 from helpers.launch.ray_instance import ray_session
 from helpers.progress import relay_ray_progress
 
+log = logging.getLogger(__name__)
 _POLL_SECONDS = 0.2
 
 
@@ -201,6 +204,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
         return ray.train.get_dataset_shard(value.name) if isinstance(value, _DatasetShard) else value
 
     with _output_forwarded(collector, rank):
+        tell_restart(rank, attempt, payload.verbose)
         try:
             fn, args, kwargs = payload.load_call()
             result = fn(*[shard(a) for a in args], **{k: shard(v) for k, v in kwargs.items()})
@@ -298,8 +302,10 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
             ray_session(options.cluster, cpus_needed, options.verbose) as ray:
         gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device in ("auto", "cuda") else 0
         plan = plan_launch(options, gpus=gpus, target=RAY)
-        payload = Payload.capture(call, backend=plan.backend, device=plan.device,
-                                  threads=plan_threads(options, plan, target=RAY), progress=view_wanted)
+        threads = plan_threads(options, plan, target=RAY)
+        payload = Payload.capture(call, backend=plan.backend, device=plan.device, threads=threads,
+                                  progress=view_wanted, verbose=options.verbose)
+        _log_plan(plan, threads)
         run_dir = Path(options.log_dir) if options.log_dir else Path(tempfile.mkdtemp(prefix="helpers-ray-"))
         collector = ray.remote(num_cpus=0)(_Collector).remote()
         loop_config = {"collector": collector, "payload": ray.put(payload.to_bytes())}
@@ -324,6 +330,13 @@ def launch(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | No
             raise job_failure(failures, plan.processes, _exit_status(error),
                               logs="Ray's logs are in the session folder") from None
         return load_results(results, plan.processes)
+
+
+def _log_plan(plan: LaunchPlan, threads: int | None) -> None:
+    log.info("plan: %d Ray Train workers, device %s, torch backend %s", plan.processes, plan.device,
+             plan.backend)
+    log.info("threads per process: %s", threads or "Ray's (OMP_NUM_THREADS = the worker's CPUs)")
+    log.info("rendezvous: rank 0's address and a free port there, chosen by Ray Train as the workers start")
 
 
 def _trainer(plan: LaunchPlan, options: LaunchOptions, loop_config: dict[str, Any], run_dir: Path,
