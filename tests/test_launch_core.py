@@ -245,21 +245,6 @@ def test_imports_run_one_way(module):
     assert not upward, f"{module} imports {upward}, which sit at its level or above"
 
 
-MAX_FUNCTION_LINES, MAX_MODULE_LINES = 60, 450
-
-
-@pytest.mark.parametrize("module", sorted(LAYERS))
-def test_functions_and_modules_stay_small(module):
-    """A function a reader takes in at once, a module of one subject: every function of the package within
-    MAX_FUNCTION_LINES (decorators excluded), every module within MAX_MODULE_LINES."""
-    source = (LAUNCH / f"{module}.py").read_text()
-    assert len(source.splitlines()) <= MAX_MODULE_LINES, f"{module}.py is over {MAX_MODULE_LINES} lines"
-    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
-    assert not long, f"{module}.py: functions over {MAX_FUNCTION_LINES} lines: {long}"
-
-
 # ------------------------------------------------------------------------------ the whole package
 
 HELPERS = LAUNCH.parent
