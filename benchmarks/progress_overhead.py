@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers.progress import ENV_DIR, progress_bar
+from helpers.progress import PROGRESS_DIR_ENV, progress_bar
 
 
 def per_step(loop, steps: int) -> float:
@@ -37,7 +37,7 @@ def other_rank(steps: int) -> None:
 
 def rank0_to_launcher(steps: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        os.environ[ENV_DIR] = folder
+        os.environ[PROGRESS_DIR_ENV] = folder
         try:
             bar = progress_bar(total=steps, desc="bench", rank=0)
             for i in range(steps):
@@ -46,7 +46,7 @@ def rank0_to_launcher(steps: int) -> None:
                     bar.set_postfix(loss=1.0 / (i + 1))
             bar.close()
         finally:
-            del os.environ[ENV_DIR]
+            del os.environ[PROGRESS_DIR_ENV]
 
 
 def plain_tqdm(steps: int) -> None:

@@ -6,7 +6,7 @@ the noise of training, but not the lesson:
   native        this machine as it is
   avx2          kernels capped at AVX2 (ATen, oneDNN and MKL), as on a machine without AVX-512
   isa           an older instruction set: ATen without SIMD, oneDNN at SSE4.1, MKL at SSE4.2
-  threadsN      N intra-op threads per CPU rank (HELPERS_THREADS_PER_PROCESS) instead of the usual 1
+  threadsN      N intra-op threads per CPU rank (GALLERY_THREADS_PER_PROCESS) instead of the usual 1
   seedN         another seed: other data, data order and initial weights
   a+b           both (e.g. isa+threads4, what nbval gives notebook 01 in `make test`)
 
@@ -78,7 +78,7 @@ def variant_setup(name: str) -> tuple[dict[str, str], dict[str, Any]]:
         if part in ENVIRONMENTS:
             env.update(ENVIRONMENTS[part])
         elif part.startswith("threads") and part[7:].isdigit():
-            env["HELPERS_THREADS_PER_PROCESS"] = part[7:]
+            env["GALLERY_THREADS_PER_PROCESS"] = part[7:]
         elif part.startswith("seed") and part[4:].isdigit():
             params["seed"] = int(part[4:])
         else:

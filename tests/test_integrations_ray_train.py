@@ -186,7 +186,7 @@ def test_a_session_marks_local_folders_only(tmp_path):
 
 
 def test_the_timed_block_gives_its_seconds(monkeypatch):
-    monkeypatch.setenv("HELPERS_PROGRESS", "off")
+    monkeypatch.setenv("GALLERY_PROGRESS", "off")
     with ray_train.timed() as clock:
         assert math.isnan(clock.seconds)
     assert clock.seconds >= 0

@@ -17,9 +17,9 @@ def test_every_notebook_runs_under_another_instruction_set_and_thread_count():
     assert all(v["ATEN_CPU_CAPABILITY"] in ("avx2", "default") for v in variants)
     assert all(v["ONEDNN_MAX_CPU_ISA"] in ("AVX2", "SSE41") for v in variants)
     assert {v["ONEDNN_MAX_CPU_ISA"] for v in variants} == {"AVX2", "SSE41"}
-    assert {v["HELPERS_THREADS_PER_PROCESS"] for v in variants} == {"1", "4"}
+    assert {v["GALLERY_THREADS_PER_PROCESS"] for v in variants} == {"1", "4"}
     assert variant_for("02_ddp_retinanet")["ATEN_CPU_CAPABILITY"] == "avx2"
-    assert variant_for("03_lightning_two_tower_mds")["HELPERS_THREADS_PER_PROCESS"] == "4"
+    assert variant_for("03_lightning_two_tower_mds")["GALLERY_THREADS_PER_PROCESS"] == "4"
     assert variant_for("04_fsdp_transformer")["ATEN_CPU_CAPABILITY"] == "default"
     # torch.compile cannot build its C++ without SIMD: a compiling notebook always gets ATen's AVX2
     assert all(variant_for(f"{n:02d}_x")["ATEN_CPU_CAPABILITY"] == "avx2" for n in COMPILES)
@@ -33,7 +33,7 @@ def test_a_simulated_instruction_set_compiles_into_a_cache_of_its_own():
     dirs = {variant_for(stem)["TORCHINDUCTOR_CACHE_DIR"] for stem in ("04_x", f"{min(COMPILES):02d}_x")}
     assert len(dirs) == 2 and default not in dirs
     assert all(os.path.basename(d).endswith(("_aten_default", "_aten_avx2")) for d in dirs)
-    threads_only = {"HELPERS_THREADS_PER_PROCESS": "4"}
+    threads_only = {"GALLERY_THREADS_PER_PROCESS": "4"}
     assert with_own_inductor_cache(threads_only) == threads_only
 
 
@@ -50,8 +50,8 @@ def _required_variant_names(stem: str) -> set[str]:
     """The reference-run variants whose spread covers what nbval gives this notebook's kernel."""
     env = variant_for(stem)
     needed = {"avx2" if env["ONEDNN_MAX_CPU_ISA"] == "AVX2" else "isa"}
-    if env["HELPERS_THREADS_PER_PROCESS"] != "1":
-        needed.add(f"threads{env['HELPERS_THREADS_PER_PROCESS']}")
+    if env["GALLERY_THREADS_PER_PROCESS"] != "1":
+        needed.add(f"threads{env['GALLERY_THREADS_PER_PROCESS']}")
     return needed
 
 

@@ -46,9 +46,7 @@ from helpers.progress.settings import (
 from helpers.progress.transports import relay_ray_progress, sink_for, watch_progress_dir
 from helpers.progress.view import ProgressView, check_enabled, format_bar, progress_view
 
-ENV_DIR = PROGRESS_DIR_ENV  # the name benchmarks/progress_overhead.py imports
-
-__all__ = ["ENV_DIR", "MIN_INTERVAL", "PROGRESS_DIR_ENV", "PROGRESS_METADATA_KEY", "PROGRESS_SWITCH_ENV",
+__all__ = ["MIN_INTERVAL", "PROGRESS_DIR_ENV", "PROGRESS_METADATA_KEY", "PROGRESS_SWITCH_ENV",
            "RELAY_NAME", "ProgressView", "RankProgress", "check_enabled", "format_bar", "progress_bar",
            "progress_view", "relay_ray_progress", "watch_progress_dir"]
 

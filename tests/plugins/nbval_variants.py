@@ -8,7 +8,7 @@ ranks it launches):
   stores them): AVX2 for ATen, oneDNN and MKL (`ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`,
   `MKL_ENABLE_INSTRUCTIONS=AVX2`), the common machine without AVX-512; or a baseline no real machine
   has, ATen without SIMD (`ATEN_CPU_CAPABILITY=default`), oneDNN capped at SSE4.1, MKL at SSE4.2;
-* the intra-op threads per CPU rank (`HELPERS_THREADS_PER_PROCESS`): 1 or 4 (a 2-core machine stores
+* the intra-op threads per CPU rank (`GALLERY_THREADS_PER_PROCESS`): 1 or 4 (a 2-core machine stores
   with 1; a bigger one would run 4 or more).
 
 `VARIANTS` says which notebook gets which. Both instruction sets and both thread counts run on several
@@ -68,7 +68,7 @@ def variant_for(notebook_stem: str) -> dict[str, str]:
     if number in COMPILES:
         isa = {**isa, "ATEN_CPU_CAPABILITY": "avx2"}
     # its own torch.compile cache: Inductor's is not keyed by the capability (helpers.env says what broke)
-    return with_own_inductor_cache({**isa, "HELPERS_THREADS_PER_PROCESS": str(threads)})
+    return with_own_inductor_cache({**isa, "GALLERY_THREADS_PER_PROCESS": str(threads)})
 
 
 # (module, attribute path) of each private name used here, for tests/test_compat.py
