@@ -47,10 +47,12 @@ def gpu_check_results(folder: Path) -> dict[str, dict]:
 
 def measured_memory(path: Path) -> dict[str, float] | None:
     """From the memory benchmark's stored run (benchmarks/llm_memory.py --json): the most layers' worth any
-    rank but rank 0 held beyond its shard and adapters, and the most models' worth rank 0 held loading."""
+    rank but rank 0 held beyond its shard and adapters, and the most models' worth rank 0 held loading, in
+    the configuration the LLM commands run (gradient checkpointing on; its rows with it off show what the
+    notebook's default would hold, every layer's merged expert weights, and size nothing here)."""
     if not path.exists():
         return None
-    rows = json.loads(path.read_text())["rows"]
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["gradient_checkpointing"]]
     loading = [r for r in rows if r["process"] == "rank 0"]
     return {"in_flight": max(r["in_flight_layers"] for r in rows if r.get("in_flight_layers") is not None),
             "loader": max((r["model_memory_mb"] - r["shard_mb"]) / r["model_mb"] for r in loading)}
