@@ -186,3 +186,21 @@ def test_memory_table_and_plots():
                          {"step": 2, "aux_loss": 2.0}])
     figure = trl_fsdp.plot_losses(pd.Series([3.0, 2.0, 1.0]), logs, 2, "title")
     assert len(figure.axes) == 2 and len(figure.axes[1].lines) == 2   # the aux loss, the even router's line
+
+
+def test_a_ranks_shard_and_the_full_value_of_a_dtensor():
+    """What the memory records and the adapter checks read from a sharded parameter: the rank's own shard
+    (`local_shard`) and the whole tensor (`full_value`); a plain tensor is its own shard."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        whole = torch.arange(6.0).reshape(3, 2)
+        sharded = distribute_tensor(whole, init_device_mesh("cpu", (1,)), [Shard(0)])
+        assert type(trl_fsdp.local_shard(sharded)) is torch.Tensor
+        assert torch.equal(trl_fsdp.local_shard(sharded), whole)
+        assert torch.equal(trl_fsdp.full_value(sharded), whole)
+        assert trl_fsdp.local_shard(whole) is whole
+    finally:
+        dist.destroy_process_group()

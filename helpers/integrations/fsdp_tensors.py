@@ -112,7 +112,7 @@ class ShardsFromRank0(TrainerCallback):
 
 def local_shard(tensor: Any) -> Any:
     """A DTensor's local shard (under FSDP), or the tensor."""
-    return tensor.tolocal_shard() if hasattr(tensor, "to_local") else tensor
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def full_value(param: Any) -> Any:
