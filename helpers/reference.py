@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from helpers.display import show_text
-from helpers.gallery.catalog import CATALOG
+from helpers.gallery.catalog import CATALOG, REFERENCES_DIR
 from helpers.paths import ROOT
 from helpers.plain import plain
 
-REFERENCES_DIR = ROOT / "notebooks" / "references"
 REFERENCE_METADATA_KEY = "distributed_gallery_reference"  # the check's output metadata: what it measured
 # "measure": record the results without comparing them (the spread benchmark fits the reference files so)
 REFERENCE_MODE_ENV = "GALLERY_REFERENCE"

@@ -6,7 +6,7 @@ The scale-up runner and its table (`helpers.gallery.scale_up`, `scale_up_table`)
 takes the notebook, its reference file (notebooks/references/<stem>.json, for one that trains), its test file
 (tests/test_nbNN_*.py) and one record here: `tests/test_catalog.py` fails until all four agree.
 
-Plain Python only (no third-party import): the GPU check reads it on a machine with other packages.
+Standard library only (helpers.paths too): the GPU check reads it on a machine with other packages.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+from helpers.paths import NOTEBOOKS_DIR
+
 REFERENCES_DIR = NOTEBOOKS_DIR / "references"
 
 # What every notebook's kernel imports, and MLflow, which every notebook saves its trained model with and
